@@ -1,0 +1,5 @@
+"""Shared test configuration: fixtures live in tests/fixtures/ and load as plugins."""
+
+pytest_plugins = [
+    "tests.fixtures.spark",
+]
