@@ -1,0 +1,57 @@
+"""The ``txrepl`` command: a thin dispatcher.
+
+It knows no daemon.  Each installed part registers its subcommands through the
+``txrepl.commands`` entry point group (see pyproject.toml): the entry point is
+a function ``register(subparsers)`` that adds its parsers and sets
+``func=callable(args) -> int`` on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from importlib.metadata import entry_points
+
+from common.config import ConfigError
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="txrepl", description="Transactional replication for SQL databases."
+    )
+    parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
+    parser.add_argument(
+        "--log-format", choices=["auto", "json", "console"], default="auto",
+        help="log format (auto: JSON unless stderr is a terminal)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for ep in sorted(entry_points(group="txrepl.commands"), key=lambda e: e.name):
+        ep.load()(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    from common.logging import configure_logging
+
+    fmt = {"auto": None, "json": True, "console": False}[args.log_format]
+    configure_logging(args.log_level, json=fmt)
+    try:
+        return int(func(args) or 0)
+    except ConfigError as e:
+        print(f"txrepl: configuration error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

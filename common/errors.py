@@ -1,0 +1,50 @@
+"""Errors shared by both daemons and the CLI.
+
+    TxreplError
+    ├── TransientError    worth retrying (connection lost, lock timeout, server busy)
+    └── PermanentError    retrying will not help; stop and tell the operator
+
+gRPC errors are translated here for people: :func:`describe_rpc_error`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+__all__ = ["PermanentError", "TransientError", "TxreplError", "describe_rpc_error", "is_transient"]
+
+
+class TxreplError(Exception):
+    """Base of txrepl's own errors."""
+
+
+class TransientError(TxreplError):
+    """A failure that may pass: retry with backoff."""
+
+
+class PermanentError(TxreplError):
+    """A failure that will not pass by retrying: stop and tell the operator."""
+
+
+_TRANSIENT = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+}
+
+
+def is_transient(code: grpc.StatusCode | None) -> bool:
+    return code in _TRANSIENT
+
+
+def describe_rpc_error(e: grpc.RpcError) -> str:
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else str(e)
+    name = code.name if code is not None else "UNKNOWN"
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"{name}: cannot reach the server ({details})"
+    return f"{name}: {details}"

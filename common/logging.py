@@ -1,0 +1,50 @@
+"""Logging, configured once per process: structlog, JSON off a terminal.
+
+One canonical line per unit of work (a batch, a cut, a state change).  Secrets
+never reach a log line: keys that look like credentials are masked by
+:func:`_mask_secrets` before rendering.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any
+
+import structlog
+
+__all__ = ["configure_logging"]
+
+_SECRET_WORDS = ("token", "password", "secret", "credential")
+
+
+def _mask_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key in list(event):
+        if any(w in key.lower() for w in _SECRET_WORDS) and event[key]:
+            event[key] = "***"
+    return event
+
+
+def configure_logging(level: str = "info", *, json: bool | None = None, stream: Any = None) -> None:
+    stream = stream or sys.stderr
+    if json is None:
+        json = not stream.isatty()
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    lvl = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _mask_secrets,
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(lvl),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=True,
+    )
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=stream)

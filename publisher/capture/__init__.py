@@ -1,0 +1,5 @@
+"""Capture: turns committed source transactions into publication entries."""
+
+from publisher.capture.sqlite import SqliteCapture
+
+__all__ = ["SqliteCapture"]

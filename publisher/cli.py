@@ -1,0 +1,128 @@
+"""``txrepl publisher ...`` and ``txrepl admin ...`` subcommands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import grpc
+
+from common.errors import describe_rpc_error
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("publisher", help="run or check the publisher daemon")
+    psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    run = psub.add_parser("run", help="run the publisher daemon")
+    run.add_argument("--config", required=True, help="publisher TOML file")
+    run.set_defaults(func=_run)
+    check = psub.add_parser("check", help="validate a publisher config without starting")
+    check.add_argument("--config", required=True)
+    check.set_defaults(func=_check)
+
+    a = sub.add_parser("admin", help="administer a running publisher")
+    a.add_argument("--publisher", default="127.0.0.1:7400", help="publisher address host:port")
+    asub = a.add_subparsers(dest="action", metavar="ACTION", required=True)
+    subs = asub.add_parser("subscribers", help="list subscribers with level, lag, state")
+    subs.add_argument("--publication", default="")
+    subs.add_argument("--json", action="store_true")
+    subs.set_defaults(func=_subscribers)
+    pubs = asub.add_parser("publications", help="list publications with head and log size")
+    pubs.add_argument("--json", action="store_true")
+    pubs.set_defaults(func=_publications)
+    mv = asub.add_parser("mark-valid", help="mark an invalid subscriber valid again")
+    mv.add_argument("publication")
+    mv.add_argument("subscriber")
+    mv.add_argument("--level", type=int, default=0, help="set its level too (after a reinit)")
+    mv.set_defaults(func=_mark_valid)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from publisher.config import load_config
+    from publisher.daemon import run
+
+    run(load_config(args.config))
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    from publisher.config import load_config
+
+    cfg = load_config(args.config)
+    print(f"{args.config}: ok (publisher {cfg.server_name}, {len(cfg.publication)} publications)")
+    return 0
+
+
+def _admin_stub(args: argparse.Namespace) -> Any:
+    from common.rpc import txrepl_pb2_grpc as rpc
+
+    channel = grpc.insecure_channel(args.publisher)
+    return rpc.AdminStub(channel)
+
+
+def _call(fn: Any, request: Any) -> Any:
+    try:
+        return fn(request, timeout=10)
+    except grpc.RpcError as e:
+        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _subscribers(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from common.rpc import txrepl_pb2 as pb
+
+    resp = _call(
+        _admin_stub(args).ListSubscribers, pb.ListSubscribersRequest(publication=args.publication)
+    )
+    if args.json:
+        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        return 0
+    header = f"{'PUBLICATION':<16} {'SUBSCRIBER':<16} {'LEVEL':>10} {'LAG':>8} {'LAG S':>8} "
+    header += f"{'STATE':<12} {'VALID':<5} {'CUTS':>4}  LAST CUT / INVALID REASON"
+    print(header)
+    for s in resp.subscribers:
+        print(
+            f"{s.publication:<16} {s.subscriber:<16} {s.level:>10} {s.lag_entries:>8} "
+            f"{s.lag_seconds:>8.1f} {s.state:<12} {'yes' if s.valid else 'NO':<5} {s.cuts:>4}  "
+            f"{s.last_cut_reason}"
+        )
+    return 0
+
+
+def _publications(args: argparse.Namespace) -> int:
+    from google.protobuf.json_format import MessageToDict
+
+    from common.rpc import txrepl_pb2 as pb
+
+    resp = _call(_admin_stub(args).ListPublications, pb.ListPublicationsRequest())
+    if args.json:
+        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        return 0
+    print(f"publisher {resp.publisher}")
+    print(f"{'PUBLICATION':<16} {'HEAD':>10} {'FIRST':>10} {'LOG BYTES':>12}  TABLES")
+    for p in resp.publications:
+        print(
+            f"{p.name:<16} {p.head:>10} {p.first_retained:>10} {p.log_bytes:>12}  "
+            f"{', '.join(p.tables)}"
+        )
+    return 0
+
+
+def _mark_valid(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+
+    resp = _call(
+        _admin_stub(args).MarkValid,
+        pb.MarkValidRequest(
+            publication=args.publication, subscriber=args.subscriber, level=args.level
+        ),
+    )
+    s = resp.subscriber
+    print(f"{s.subscriber} on {s.publication}: valid, level {s.level}")
+    return 0

@@ -1,0 +1,350 @@
+"""One subscriber's feed from one publication: the Sync conversation.
+
+State machine (one feed per Sync stream)::
+
+    HELLO ──refuse──▶ closed with a status (nothing changes)
+      │ Hello accepted: registry row ensured, Welcome sent
+      ▼
+    SYNCING: read the log from level + 1 in large batches, send them
+      │ next seq > head
+      ▼ send InSync(head)
+    IN_SYNC: wait for new entries (no polling); send them as they become durable;
+      │       Heartbeat(head) when idle for heartbeat_s
+      ├─ head − last sent > queue_threshold ──▶ CUT "queue threshold"
+      ├─ a send blocked > send_timeout_s      ──▶ CUT "send timeout"
+      └─ shutdown                             ──▶ CUT "publisher shutting down"
+
+Checks on Hello, in order, each with its own status code:
+  malformed / not a Hello first ........ INVALID_ARGUMENT
+  publisher name mismatch .............. FAILED_PRECONDITION
+  unknown publication .................. NOT_FOUND
+  incarnation differs .................. FAILED_PRECONDITION (names both ids)
+  level > head (subscriber ahead) ...... OUT_OF_RANGE (logged loudly)
+  subscriber marked invalid ............ PERMISSION_DENIED? no: FAILED_PRECONDITION
+                                          with "invalid" — see INVALID_PREFIX
+  next entry purged .................... marked invalid, then as above
+  head − level > max_delta ............. marked invalid, then as above
+
+The "queue" of an in-sync feed is the stretch of the log between the last entry
+sent and the head: entries wait in the log itself, so a slow feed costs no
+memory on the publisher and a cut loses nothing (the subscriber resumes from
+its level).  A cut ends the stream with ABORTED and the reason; it is counted
+and recorded in the registry.
+
+Hot path: the entries travel as the bytes stored in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from common.rpc import txrepl_pb2 as pb
+from publisher.errors import FeedRefused
+from publisher.log import PurgedError
+from publisher.publication import Publication
+from publisher.registry import Registry
+
+__all__ = ["CUT_PREFIX", "INVALID_PREFIX", "Feed", "FeedManager"]
+
+log = structlog.get_logger(__name__)
+
+INVALID_PREFIX = "subscriber is invalid"
+CUT_PREFIX = "feed cut"
+
+
+@dataclass
+class Feed:
+    publication: Publication
+    subscriber: str
+    level: int
+    state: str = "syncing"
+    last_sent: int = 0
+    acked: int = 0
+    started: float = field(default_factory=time.time)
+
+
+class FeedManager:
+    """Serves Sync streams for every publication of this publisher."""
+
+    def __init__(
+        self,
+        server_name: str,
+        publications: Mapping[str, Publication],
+        registry: Registry,
+        *,
+        hello_timeout_s: float = 10.0,
+        authorize: Callable[[pb.Hello, grpc.aio.ServicerContext[object, object]], None]
+        | None = None,
+    ) -> None:
+        self.server_name = server_name
+        self.publications = publications
+        self.registry = registry
+        self.hello_timeout_s = hello_timeout_s
+        self.authorize = authorize
+        self.feeds: set[Feed] = set()
+        self.stopping = asyncio.Event()
+
+    # -- the RPC --------------------------------------------------------------------
+
+    async def sync(
+        self,
+        requests: AsyncIterator[pb.SubscriberMessage],
+        context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
+    ) -> None:
+        try:
+            first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
+        except TimeoutError:
+            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within the timeout")
+            return
+        except StopAsyncIteration:
+            return
+        try:
+            feed = await self._accept(first, context)
+        except FeedRefused as refused:
+            log.warning(
+                "sync refused",
+                code=refused.code.name,
+                reason=refused.message,
+                subscriber=first.hello.subscriber if first.HasField("hello") else "",
+            )
+            await context.abort(refused.code, refused.message)
+            return
+        self.feeds.add(feed)
+        acks = asyncio.create_task(self._read_acks(feed, requests))
+        try:
+            reason = await self._stream(feed, context)
+        except asyncio.CancelledError:
+            reason = "subscriber went away"
+            raise
+        finally:
+            self.feeds.discard(feed)
+            acks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await acks
+            await asyncio.to_thread(
+                self.registry.set_state,
+                feed.publication.name,
+                feed.subscriber,
+                "disconnected",
+                locals().get("reason") or "stream ended",
+            )
+        if reason:
+            await context.abort(grpc.StatusCode.ABORTED, f"{CUT_PREFIX}: {reason}")
+
+    async def _accept(
+        self,
+        msg: pb.SubscriberMessage,
+        context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
+    ) -> Feed:
+        if not msg.HasField("hello"):
+            raise FeedRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, "the first message of Sync must be a Hello"
+            )
+        hello = msg.hello
+        if not hello.subscriber or not hello.publication:
+            raise FeedRefused(
+                grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a subscriber name and a publication"
+            )
+        if hello.publisher and hello.publisher != self.server_name:
+            raise FeedRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"this is publisher {self.server_name!r}, not {hello.publisher!r}: "
+                "check the subscription's publisher name and address",
+            )
+        pub = self.publications.get(hello.publication)
+        if pub is None:
+            known = ", ".join(sorted(self.publications)) or "none"
+            raise FeedRefused(
+                grpc.StatusCode.NOT_FOUND,
+                f"publication {hello.publication!r} not found on publisher "
+                f"{self.server_name!r} (known: {known})",
+            )
+        if self.authorize is not None:
+            self.authorize(hello, context)
+        plog = pub.log
+        if hello.incarnation and hello.incarnation != plog.incarnation:
+            raise FeedRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"publication {pub.name!r} has incarnation {plog.incarnation}, the subscriber "
+                f"has {hello.incarnation}: the publication was re-created; re-initialise the "
+                "subscriber",
+            )
+        head = plog.head
+        if hello.level > head:
+            log.error(
+                "subscriber is ahead of the publication head: the publisher lost data or was "
+                "restored from an older backup",
+                publication=pub.name,
+                subscriber=hello.subscriber,
+                level=hello.level,
+                head=head,
+            )
+            raise FeedRefused(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"subscriber level {hello.level} is ahead of publication {pub.name!r} head "
+                f"{head}: the publisher lost entries or was restored; refusing to go back",
+            )
+        reg = await asyncio.to_thread(
+            self.registry.ensure, pub.name, hello.subscriber, plog.incarnation, hello.level
+        )
+        if not reg.valid:
+            raise FeedRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{INVALID_PREFIX}: {reg.invalid_reason}; re-initialise it, then run "
+                f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
+            )
+        reason = ""
+        if hello.level + 1 < plog.first_seq:
+            reason = (
+                f"its next entry {hello.level + 1} was purged (first retained: {plog.first_seq})"
+            )
+        elif head - hello.level > pub.config.max_delta:
+            reason = (
+                f"level {hello.level} lags head {head} by {head - hello.level} entries, "
+                f"more than max_delta {pub.config.max_delta}"
+            )
+        if reason:
+            await asyncio.to_thread(self.registry.mark_invalid, pub.name, hello.subscriber, reason)
+            log.warning(
+                "subscriber marked invalid", publication=pub.name, subscriber=hello.subscriber,
+                reason=reason,
+            )
+            raise FeedRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{INVALID_PREFIX}: {reason}; re-initialise it, then run "
+                f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
+            )
+        await asyncio.to_thread(
+            self.registry.set_level, pub.name, hello.subscriber, hello.level, plog.incarnation
+        )
+        await asyncio.to_thread(self.registry.set_state, pub.name, hello.subscriber, "syncing")
+        return Feed(publication=pub, subscriber=hello.subscriber, level=hello.level,
+                    last_sent=hello.level, acked=hello.level)
+
+    async def _read_acks(self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage]) -> None:
+        pub = feed.publication
+        async for msg in requests:
+            if msg.HasField("ack"):
+                level = msg.ack.level
+                if level > feed.last_sent or level < feed.acked:
+                    log.warning(
+                        "ignoring an impossible ack",
+                        publication=pub.name,
+                        subscriber=feed.subscriber,
+                        ack=level,
+                        sent=feed.last_sent,
+                        acked=feed.acked,
+                    )
+                    continue
+                feed.acked = level
+                await asyncio.to_thread(self.registry.ack, pub.name, feed.subscriber, level)
+
+    async def _send(
+        self,
+        feed: Feed,
+        context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
+        msg: pb.PublisherMessage,
+    ) -> bool:
+        """Send one message; False when it blocked past the send timeout."""
+        try:
+            await asyncio.wait_for(context.write(msg), feed.publication.config.send_timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _stream(
+        self,
+        feed: Feed,
+        context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
+    ) -> str:
+        """Run the feed; returns the cut reason, or '' when the subscriber left."""
+        pub = feed.publication
+        cfg = pub.config
+        plog = pub.log
+        welcome = pb.PublisherMessage()
+        welcome.welcome.publisher = self.server_name
+        welcome.welcome.publication = pub.name
+        welcome.welcome.incarnation = plog.incarnation
+        welcome.welcome.head = plog.head
+        welcome.welcome.first_retained = plog.first_seq
+        welcome.welcome.state = pb.FEED_STATE_SYNCING
+        if not await self._send(feed, context, welcome):
+            return "send timeout"
+        log.info("feed started", publication=pub.name, subscriber=feed.subscriber,
+                 level=feed.level, head=plog.head)
+        next_seq = feed.level + 1
+        while not self.stopping.is_set():
+            head = plog.head
+            if next_seq <= head:
+                if feed.state == "in_sync" and head - feed.last_sent > cfg.queue_threshold:
+                    return self._cut(
+                        feed,
+                        f"queue threshold: {head - feed.last_sent} entries waiting "
+                        f"> {cfg.queue_threshold}",
+                    )
+                try:
+                    payloads = plog.read(
+                        next_seq, max_entries=cfg.batch_entries, max_bytes=cfg.batch_bytes
+                    )
+                except PurgedError:
+                    return self._cut(feed, f"entry {next_seq} was purged while sending")
+                msg = pb.PublisherMessage()
+                msg.batch.first_seq = next_seq
+                msg.batch.entries.extend(payloads)
+                msg.batch.head = head
+                if not await self._send(feed, context, msg):
+                    return self._cut(
+                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                    )
+                next_seq += len(payloads)
+                feed.last_sent = next_seq - 1
+                continue
+            if feed.state == "syncing":
+                feed.state = "in_sync"
+                msg = pb.PublisherMessage()
+                msg.in_sync.head = head
+                if not await self._send(feed, context, msg):
+                    return self._cut(
+                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                    )
+                await asyncio.to_thread(
+                    self.registry.set_state, pub.name, feed.subscriber, "in_sync"
+                )
+                log.info("feed in sync", publication=pub.name, subscriber=feed.subscriber,
+                         head=head)
+            new_head = await self._wait(plog, next_seq, cfg.heartbeat_s)
+            if new_head < next_seq and not self.stopping.is_set():
+                msg = pb.PublisherMessage()
+                msg.heartbeat.head = new_head
+                msg.heartbeat.time_us = int(time.time() * 1_000_000)
+                if not await self._send(feed, context, msg):
+                    return self._cut(
+                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                    )
+        return self._cut(feed, "publisher shutting down")
+
+    async def _wait(self, plog: object, seq: int, timeout: float) -> int:
+        """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
+        waiter = asyncio.ensure_future(plog.wait_for(seq, timeout))  # type: ignore[attr-defined]
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not waiter.done():
+                waiter.cancel()
+        return int(plog.head)  # type: ignore[attr-defined]
+
+    def _cut(self, feed: Feed, reason: str) -> str:
+        pub = feed.publication
+        log.warning("feed cut", publication=pub.name, subscriber=feed.subscriber, reason=reason,
+                    sent=feed.last_sent, acked=feed.acked, head=pub.log.head)
+        self.registry.record_cut(pub.name, feed.subscriber, reason)
+        return reason

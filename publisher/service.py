@@ -1,0 +1,191 @@
+"""gRPC servicers of the publisher: Replication (Sync, Publish) and Admin."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+
+import grpc
+import structlog
+
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from publisher.feed import FeedManager
+from publisher.publication import Publication
+from publisher.registry import Registry, SubscriberRow
+
+__all__ = ["AdminService", "ReplicationService", "subscriber_info"]
+
+log = structlog.get_logger(__name__)
+
+MAX_PUBLISH_OPS = 100_000
+
+
+class ReplicationService(rpc.ReplicationServicer):
+    def __init__(self, feeds: FeedManager, publications: Mapping[str, Publication]) -> None:
+        self.feeds = feeds
+        self.publications = publications
+
+    async def Sync(  # noqa: N802 - gRPC method name
+        self,
+        request_iterator: AsyncIterator[pb.SubscriberMessage],
+        context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
+    ) -> None:
+        await self.feeds.sync(request_iterator, context)
+
+    async def Publish(  # noqa: N802
+        self,
+        request: pb.PublishRequest,
+        context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishResponse],
+    ) -> pb.PublishResponse:
+        pub = self.publications.get(request.publication)
+        if pub is None:
+            known = ", ".join(sorted(self.publications)) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"publication {request.publication!r} not found (known: {known})",
+            )
+        if not request.ops:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Publish needs at least one op")
+        if len(request.ops) > MAX_PUBLISH_OPS:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Publish carries {len(request.ops)} ops; at most {MAX_PUBLISH_OPS} per call",
+            )
+        for i, op in enumerate(request.ops):
+            problem = _check_op(op)
+            if problem:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ops[{i}]: {problem}")
+        entry = pb.Entry(ops=request.ops)
+        seq = await asyncio.to_thread(pub.append, entry)
+        log.info("entry published", publication=pub.name, seq=seq, ops=len(request.ops))
+        return pb.PublishResponse(seq=seq)
+
+
+def _check_op(op: pb.Op) -> str:
+    kind = op.WhichOneof("kind")
+    if kind is None:
+        return "empty op"
+    if kind == "row":
+        if not op.row.table:
+            return "row change without a table"
+        if op.row.op == pb.ROW_OP_UNSPECIFIED:
+            return "row change without an operation"
+        if op.row.op in (pb.ROW_OP_UPDATE, pb.ROW_OP_DELETE) and not op.row.key:
+            return "update/delete without the key"
+        if op.row.op in (pb.ROW_OP_INSERT, pb.ROW_OP_UPDATE) and not op.row.row:
+            return "insert/update without the row"
+    if kind == "schema":
+        if not op.schema.table or not op.schema.columns:
+            return "schema without a table or columns"
+        names = {c.name for c in op.schema.columns}
+        missing = [k for k in op.schema.primary_key if k not in names]
+        if not op.schema.primary_key or missing:
+            return "schema needs a primary key made of its columns"
+    if kind == "sql" and not op.sql.sql.strip():
+        return "empty SQL statement"
+    if kind == "call" and not op.call.name:
+        return "procedure call without a name"
+    return ""
+
+
+def subscriber_info(row: SubscriberRow, pub: Publication | None) -> pb.SubscriberInfo:
+    head = pub.log.head if pub is not None else row.level
+    lag = max(0, head - row.level)
+    lag_s = 0.0
+    if lag and pub is not None:
+        # Time since the oldest entry the subscriber still lacks was committed.
+        try:
+            (payload,) = pub.log.read(row.level + 1, max_entries=1)
+            lag_s = max(0.0, time.time() - pb.Entry.FromString(payload).commit_time_us / 1e6)
+        except Exception:  # purged or unreadable: lag in entries still tells
+            lag_s = 0.0
+    return pb.SubscriberInfo(
+        subscriber=row.subscriber,
+        publication=row.publication,
+        level=row.level,
+        lag_entries=lag,
+        lag_seconds=lag_s,
+        state=row.state,
+        valid=row.valid,
+        cuts=row.cuts,
+        last_cut_reason=row.last_cut_reason or row.invalid_reason,
+        last_ack_us=int((row.last_ack or 0) * 1e6),
+        connected_since_us=int((row.connected_since or 0) * 1e6),
+    )
+
+
+class AdminService(rpc.AdminServicer):
+    def __init__(
+        self, server_name: str, publications: Mapping[str, Publication], registry: Registry
+    ) -> None:
+        self.server_name = server_name
+        self.publications = publications
+        self.registry = registry
+
+    async def ListPublications(  # noqa: N802
+        self,
+        request: pb.ListPublicationsRequest,
+        context: grpc.aio.ServicerContext[pb.ListPublicationsRequest, pb.ListPublicationsResponse],
+    ) -> pb.ListPublicationsResponse:
+        out = pb.ListPublicationsResponse(publisher=self.server_name)
+        for name, pub in sorted(self.publications.items()):
+            out.publications.add(
+                name=name,
+                incarnation=pub.log.incarnation,
+                head=pub.log.head,
+                first_retained=pub.log.first_seq,
+                log_bytes=pub.log.size_bytes,
+                tables=pub.config.tables,
+            )
+        return out
+
+    async def ListSubscribers(  # noqa: N802
+        self,
+        request: pb.ListSubscribersRequest,
+        context: grpc.aio.ServicerContext[pb.ListSubscribersRequest, pb.ListSubscribersResponse],
+    ) -> pb.ListSubscribersResponse:
+        if request.publication and request.publication not in self.publications:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"publication {request.publication!r} not found"
+            )
+        rows = await asyncio.to_thread(self.registry.list, request.publication or None)
+        out = pb.ListSubscribersResponse()
+        for row in rows:
+            out.subscribers.append(subscriber_info(row, self.publications.get(row.publication)))
+        return out
+
+    async def MarkValid(  # noqa: N802
+        self,
+        request: pb.MarkValidRequest,
+        context: grpc.aio.ServicerContext[pb.MarkValidRequest, pb.MarkValidResponse],
+    ) -> pb.MarkValidResponse:
+        pub = self.publications.get(request.publication)
+        if pub is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND, f"publication {request.publication!r} not found"
+            )
+        assert pub is not None
+        row = await asyncio.to_thread(self.registry.get, request.publication, request.subscriber)
+        if row is None:
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"subscriber {request.subscriber!r} has never synced {request.publication!r}",
+            )
+        if request.level and request.level > pub.log.head:
+            await context.abort(
+                grpc.StatusCode.OUT_OF_RANGE,
+                f"level {request.level} is beyond the head {pub.log.head}",
+            )
+        await asyncio.to_thread(
+            self.registry.mark_valid,
+            request.publication,
+            request.subscriber,
+            request.level or None,
+        )
+        log.warning("subscriber marked valid by an operator", publication=request.publication,
+                    subscriber=request.subscriber)
+        row = await asyncio.to_thread(self.registry.get, request.publication, request.subscriber)
+        assert row is not None
+        return pb.MarkValidResponse(subscriber=subscriber_info(row, pub))

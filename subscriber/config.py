@@ -1,0 +1,147 @@
+"""Subscriber configuration (``subscriber.toml``), frozen and validated at start.
+
+Example::
+
+    server_name = "sub1"
+    target = "sqlite:///var/target.db"    # or postgresql://user@host:port/db
+    control_listen = "127.0.0.1:7401"      # status / pause / resume / reconnect
+
+    [spark]
+    master = "local[2]"
+
+    [[subscription]]
+    publisher = "pub1"                     # the publisher's server name
+    address = "127.0.0.1:7400"             # where it listens
+    publication = "shop"
+    # name = "pub1.shop"                   # default: <publisher>.<publication>
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+from common.config import load_toml, parse_address
+
+__all__ = [
+    "BackoffConfig",
+    "BatchConfig",
+    "SparkConfig",
+    "SubscriberConfig",
+    "SubscriptionConfig",
+    "load_config",
+]
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class SubscriptionConfig:
+    publisher: str
+    address: str
+    publication: str
+    name: str = ""
+    token: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("publisher", "publication"):
+            if not _NAME.match(getattr(self, field)):
+                raise ValueError(f"{field} {getattr(self, field)!r} is not a valid name")
+        parse_address(self.address, field="address")
+        if self.name and not _NAME.match(self.name):
+            raise ValueError(f"name {self.name!r} is not a valid name")
+
+    @property
+    def id(self) -> str:
+        """The subscription's unique name (the level row on the target is keyed by it)."""
+        return self.name or f"{self.publisher}.{self.publication}"
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkConfig:
+    master: str = "local[2]"
+    conf: dict[str, str] = dataclasses.field(default_factory=dict)
+    jars: list[str] = dataclasses.field(default_factory=list)
+    shuffle_partitions: int = 2
+    log_level: str = "WARN"
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """How entries are grouped into one apply (one target transaction)."""
+
+    max_entries: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024
+    queue_batches: int = 16  # received batches waiting to be applied (back-pressure)
+
+    def __post_init__(self) -> None:
+        for field in ("max_entries", "max_bytes", "queue_batches"):
+            if getattr(self, field) <= 0:
+                raise ValueError(f"{field} must be positive, not {getattr(self, field)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BackoffConfig:
+    """Jittered, capped exponential backoff between reconnect attempts."""
+
+    initial_s: float = 0.2
+    max_s: float = 15.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if self.initial_s <= 0 or self.max_s < self.initial_s:
+            raise ValueError("need 0 < initial_s <= max_s")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be at least 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be between 0 and 1")
+
+    def delay(self, failures: int, rand: float) -> float:
+        """Delay before attempt number ``failures`` (1-based); ``rand`` in [0, 1)."""
+        base = min(self.max_s, self.initial_s * self.multiplier ** max(0, failures - 1))
+        return base * (1 - self.jitter + 2 * self.jitter * rand)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubscriberConfig:
+    server_name: str
+    target: str
+    subscription: list[SubscriptionConfig] = dataclasses.field(default_factory=list)
+    control_listen: str = "127.0.0.1:7401"
+    data_dir: str = "var/subscriber"
+    spark: SparkConfig = dataclasses.field(default_factory=SparkConfig)
+    batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
+    backoff: BackoffConfig = dataclasses.field(default_factory=BackoffConfig)
+    config_dir: str = "."
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.server_name):
+            raise ValueError(f"server_name {self.server_name!r} is not a valid name")
+        parse_address(self.control_listen, field="control_listen")
+        if not (self.target.startswith("sqlite:///") or self.target.startswith("postgresql")):
+            raise ValueError(
+                f"target {self.target!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+            )
+        ids = [s.id for s in self.subscription]
+        dup = {i for i in ids if ids.count(i) > 1}
+        if dup:
+            raise ValueError(f"subscription names must be unique; repeated: {sorted(dup)}")
+
+    def path(self, value: str) -> Path:
+        p = Path(value)
+        return p if p.is_absolute() else Path(self.config_dir) / p
+
+    @property
+    def data_path(self) -> Path:
+        return self.path(self.data_dir)
+
+    @property
+    def sqlite_target_path(self) -> Path:
+        assert self.target.startswith("sqlite:///")
+        return self.path(self.target[len("sqlite:///") :])
+
+
+def load_config(path: str | Path) -> SubscriberConfig:
+    return load_toml(SubscriberConfig, path)

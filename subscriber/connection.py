@@ -1,0 +1,403 @@
+"""One subscription's connection loop: states, reconnects, back-pressure, apply, ack.
+
+States and transitions (each logged and kept, timestamped, in the timeline)::
+
+    disconnected ──▶ connecting ──Welcome──▶ syncing ──InSync──▶ in_sync
+         ▲               │                      │                   │
+         └──backoff──────┴──── stream ends / cut / transient error ─┘
+    paused   : by the control service; no connection until resumed
+    error    : a permanent failure (gap, changed incarnation, publisher behind our
+               level, apply failure); waits for an operator's reconnect
+    invalid  : the publisher refused us as invalid; waits for re-initialisation,
+               mark-valid, then a reconnect
+
+Back-pressure: received batches wait in a bounded queue (``queue_batches``);
+the receive loop blocks on a full queue and stops reading the stream, so a slow
+apply shows at the publisher as a slow feed, never as memory growth here.
+
+Exactly once: the level lives in the target, written in the same transaction as
+the rows (subscriber/apply).  After any disconnect, batches received but not yet
+applied are dropped and the next Hello carries the applied level, so the
+publisher resends from level + 1.  A gap (first seq != expected) is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+import structlog
+
+from common.errors import describe_rpc_error
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from subscriber.apply import Applier, ApplyError
+from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+
+__all__ = ["STATES", "SubscriptionRunner"]
+
+log = structlog.get_logger(__name__)
+
+STATES = ("disconnected", "connecting", "syncing", "in_sync", "paused", "error", "invalid")
+
+
+class PermanentFeedError(Exception):
+    """The conversation cannot go on without an operator."""
+
+
+class InvalidSubscriber(Exception):
+    """The publisher marked us invalid."""
+
+
+@dataclass
+class Received:
+    first_seq: int
+    entries: list[bytes]
+    head: int
+    received_at: float = field(default_factory=time.monotonic)
+
+
+class SubscriptionRunner:
+    def __init__(
+        self,
+        config: SubscriptionConfig,
+        subscriber_name: str,
+        applier: Applier,
+        *,
+        batch: BatchConfig,
+        backoff: BackoffConfig,
+        channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+    ) -> None:
+        self.config = config
+        self.name = config.id
+        self.subscriber_name = subscriber_name
+        self.applier = applier
+        self.batch = batch
+        self.backoff = backoff
+        self.channel_factory = channel_factory or (
+            lambda addr: grpc.aio.insecure_channel(
+                addr,
+                options=[
+                    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                    ("grpc.keepalive_time_ms", 20_000),
+                ],
+            )
+        )
+        st = applier.load_state()
+        self.level = st.level
+        self.incarnation = st.incarnation
+        self.head = st.level
+        self.state = "disconnected"
+        self.timeline: list[tuple[float, str, str]] = [(time.time(), "disconnected", "started")]
+        self.last_error = ""
+        self.applied_entries = 0
+        self.applied_rows = 0
+        self._paused = False
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage] | None
+        self._call = None
+        self._applying = asyncio.Lock()
+
+    # -- control --------------------------------------------------------------------
+
+    def _set(self, state: str, reason: str = "") -> None:
+        if state == self.state and not reason:
+            return
+        prev, self.state = self.state, state
+        self.timeline.append((time.time(), state, reason))
+        del self.timeline[:-100]
+        log.info(
+            "subscription state", subscription=self.name, state=state, previous=prev,
+            reason=reason, level=self.level,
+        )
+
+    def pause(self) -> None:
+        self._paused = True
+        self._interrupt()
+        self._set("paused", "paused by operator")
+
+    def resume(self) -> None:
+        self._paused = False
+        if self.state == "paused":
+            self._set("disconnected", "resumed by operator")
+        self._wake.set()
+
+    def reconnect(self) -> None:
+        """Drop the current connection (if any) and connect again now."""
+        self._paused = False
+        self._interrupt()
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._interrupt()
+        self._wake.set()
+
+    def _interrupt(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep, cut short by reconnect/resume/stop."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    # -- main loop ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            if self._paused:
+                await self._sleep(3600)
+                continue
+            self._set("connecting", f"to {self.config.publisher} at {self.config.address}")
+            progressed = False
+            try:
+                progressed = await self._session()
+                if not self._stop.is_set() and not self._paused:
+                    self._set("disconnected", "stream ended")
+            except InvalidSubscriber as e:
+                self.last_error = str(e)
+                self._set("invalid", str(e))
+                log.error(
+                    "subscriber is invalid: re-initialise the target, have the publisher's "
+                    "operator run 'txrepl admin mark-valid', then 'txrepl subscriber reconnect'",
+                    subscription=self.name, reason=str(e),
+                )
+                await self._sleep(3600)
+                continue
+            except PermanentFeedError as e:
+                self.last_error = str(e)
+                self._set("error", str(e))
+                await self._sleep(3600)
+                continue
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.CANCELLED and (self._paused or self._stop.is_set()):
+                    continue
+                self.last_error = describe_rpc_error(e)
+                self._set("disconnected", self.last_error)
+            except ConnectionError as e:  # refused for now (cut, unknown publication, ...)
+                self.last_error = str(e)
+                log.warning("sync ended", subscription=self.name, reason=str(e))
+                self._set("disconnected", self.last_error)
+            except ApplyError as e:
+                self.last_error = f"apply failed: {e}"
+                self._set("error", self.last_error)
+                await self._sleep(3600)
+                continue
+            except Exception as e:  # a bug or an unexpected failure: keep trying, loudly
+                self.last_error = f"{type(e).__name__}: {e}"
+                log.exception("subscription failed", subscription=self.name)
+                self._set("disconnected", self.last_error)
+            if self._stop.is_set():
+                break
+            failures = 1 if progressed else failures + 1
+            delay = self.backoff.delay(failures, random.random())
+            log.info("reconnecting", subscription=self.name, in_s=round(delay, 2),
+                     attempt=failures)
+            await self._sleep(delay)
+        self._set("disconnected", "stopped")
+
+    async def _session(self) -> bool:
+        """One connection; returns True if anything was applied."""
+        progressed = False
+        async with self.channel_factory(self.config.address) as channel:
+            stub = rpc.ReplicationStub(channel)
+            metadata = (("x-txrepl-token", self.config.token),) if self.config.token else None
+            call = stub.Sync(metadata=metadata)
+            self._call = call
+            try:
+                hello = pb.SubscriberMessage()
+                hello.hello.subscriber = self.subscriber_name
+                hello.hello.publisher = self.config.publisher
+                hello.hello.publication = self.config.publication
+                hello.hello.incarnation = self.incarnation
+                hello.hello.level = self.level
+                await call.write(hello)
+                first = await call.read()
+                if first is grpc.aio.EOF:
+                    await self._raise_status(call)
+                    raise PermanentFeedError("publisher closed the stream without a Welcome")
+                assert isinstance(first, pb.PublisherMessage)
+                if not first.HasField("welcome"):
+                    raise PermanentFeedError(
+                        f"expected Welcome, got {first.WhichOneof('kind')}"
+                    )
+                self._check_welcome(first.welcome)
+                self._set("syncing", f"level {self.level}, head {first.welcome.head}")
+                queue: asyncio.Queue[Received | None] = asyncio.Queue(self.batch.queue_batches)
+                applier = asyncio.create_task(self._apply_loop(queue, call))
+                try:
+                    await self._receive_loop(call, queue, applier)
+                finally:
+                    if not applier.done():
+                        # Let the batch in flight finish (a thread cannot be cancelled),
+                        # drop the rest: the next Hello resumes from the applied level.
+                        while not queue.empty():
+                            queue.get_nowait()
+                        queue.put_nowait(None)
+                        with contextlib.suppress(Exception):
+                            await applier
+                    progressed = self.applied_entries > 0
+                    if applier.done() and not applier.cancelled():
+                        exc = applier.exception()
+                        if exc is not None:
+                            raise exc
+            finally:
+                self._call = None
+                call.cancel()
+        return progressed
+
+    def _check_welcome(self, w: pb.Welcome) -> None:
+        if self.incarnation and w.incarnation != self.incarnation:
+            raise PermanentFeedError(
+                f"publication {w.publication!r} changed incarnation from {self.incarnation} to "
+                f"{w.incarnation}: it was re-created; re-initialise this subscription"
+            )
+        if w.head < self.level:
+            raise PermanentFeedError(
+                f"publisher head {w.head} is below our level {self.level}: the publisher lost "
+                "entries; refusing to continue"
+            )
+        if not self.incarnation:
+            self.incarnation = w.incarnation
+        self.head = w.head
+
+    async def _raise_status(
+        self, call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage]
+    ) -> None:
+        code = await call.code()
+        details = await call.details() or ""
+        if code == grpc.StatusCode.OK:
+            return
+        if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
+            "subscriber is invalid"
+        ):
+            raise InvalidSubscriber(details)
+        if code in (
+            grpc.StatusCode.FAILED_PRECONDITION,
+            grpc.StatusCode.OUT_OF_RANGE,
+            grpc.StatusCode.INVALID_ARGUMENT,
+            grpc.StatusCode.PERMISSION_DENIED,
+            grpc.StatusCode.UNAUTHENTICATED,
+        ):
+            raise PermanentFeedError(f"{code.name}: {details}")
+        # NOT_FOUND (publication not yet configured), ABORTED (cut), UNAVAILABLE...:
+        # worth retrying with backoff.
+        raise ConnectionError(f"{code.name}: {details}")
+
+    async def _receive_loop(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage],
+        queue: asyncio.Queue[Received | None],
+        applier: asyncio.Task[None],
+    ) -> None:
+        expected = self.level + 1
+        while True:
+            read = asyncio.ensure_future(call.read())
+            done, _ = await asyncio.wait({read, applier}, return_when=asyncio.FIRST_COMPLETED)
+            if applier in done:
+                read.cancel()
+                return
+            msg = read.result()
+            if msg is grpc.aio.EOF:
+                await self._raise_status(call)
+                return
+            assert isinstance(msg, pb.PublisherMessage)
+            kind = msg.WhichOneof("kind")
+            if kind == "batch":
+                b = msg.batch
+                if b.first_seq != expected:
+                    raise PermanentFeedError(
+                        f"gap in the feed: got seq {b.first_seq}, expected {expected}"
+                    )
+                expected += len(b.entries)
+                self.head = max(self.head, b.head, expected - 1)
+                # Blocks when the apply is behind: back-pressure onto the stream.
+                put = asyncio.ensure_future(
+                    queue.put(Received(b.first_seq, list(b.entries), b.head))
+                )
+                done, _ = await asyncio.wait({put, applier}, return_when=asyncio.FIRST_COMPLETED)
+                if applier in done:
+                    put.cancel()
+                    return
+            elif kind == "in_sync":
+                self.head = max(self.head, msg.in_sync.head)
+                self._in_sync_head = msg.in_sync.head
+                if self.level >= msg.in_sync.head:
+                    self._set("in_sync", f"head {msg.in_sync.head}")
+            elif kind == "heartbeat":
+                self.head = max(self.head, msg.heartbeat.head)
+            else:
+                raise PermanentFeedError(f"unexpected message {kind!r} from the publisher")
+
+    _in_sync_head: int | None = None
+
+    async def _apply_loop(
+        self,
+        queue: asyncio.Queue[Received | None],
+        call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage],
+    ) -> None:
+        self._in_sync_head = None
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            first_seq = item.first_seq
+            payloads = list(item.entries)
+            size = sum(map(len, payloads))
+            # Natural batching: everything that arrived while the last apply ran goes into
+            # this one, up to the limits.
+            while not queue.empty() and len(payloads) < self.batch.max_entries:
+                nxt = queue.get_nowait()
+                if nxt is None:
+                    queue.put_nowait(None)
+                    break
+                payloads.extend(nxt.entries)
+                size += sum(map(len, nxt.entries))
+                if size >= self.batch.max_bytes:
+                    break
+            entries = [pb.Entry.FromString(p) for p in payloads]
+            started = time.monotonic()
+            result = await asyncio.to_thread(
+                self.applier.apply, first_seq, entries, incarnation=self.incarnation
+            )
+            self.level = result.level
+            self.applied_entries += len(entries)
+            self.applied_rows += result.rows
+            log.info(
+                "batch applied", subscription=self.name, first_seq=first_seq, level=self.level,
+                entries=len(entries), rows=result.rows, bytes=size,
+                seconds=round(time.monotonic() - started, 4), head=self.head,
+            )
+            ack = pb.SubscriberMessage()
+            ack.ack.level = self.level
+            with contextlib.suppress(Exception):
+                await call.write(ack)
+            if self._in_sync_head is not None and self.level >= self._in_sync_head:
+                self._set("in_sync", f"head {self._in_sync_head}")
+
+    def status(self) -> pb.SubscriptionStatus:
+        st = pb.SubscriptionStatus(
+            name=self.name,
+            publisher=self.config.publisher,
+            publication=self.config.publication,
+            state=self.state,
+            level=self.level,
+            head=max(self.head, self.level),
+            last_error=self.last_error,
+            applied_entries=self.applied_entries,
+            applied_rows=self.applied_rows,
+        )
+        for at, state, reason in self.timeline[-20:]:
+            st.timeline.add(state=state, at_us=int(at * 1e6), reason=reason)
+        return st

@@ -1,0 +1,75 @@
+"""The subscriber's control service: status, pause, resume, reconnect now."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import grpc
+
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from subscriber.connection import SubscriptionRunner
+
+__all__ = ["ControlService"]
+
+
+class ControlService(rpc.SubscriberControlServicer):
+    def __init__(self, server_name: str, runners: Mapping[str, SubscriptionRunner]) -> None:
+        self.server_name = server_name
+        self.runners = runners
+
+    async def Status(  # noqa: N802 - gRPC method name
+        self,
+        request: pb.StatusRequest,
+        context: grpc.aio.ServicerContext[pb.StatusRequest, pb.StatusResponse],
+    ) -> pb.StatusResponse:
+        out = pb.StatusResponse(subscriber=self.server_name)
+        out.subscriptions.extend(r.status() for r in self.runners.values())
+        return out
+
+    async def _select(
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> list[SubscriptionRunner]:
+        if not request.subscription:
+            return list(self.runners.values())
+        runner = self.runners.get(request.subscription)
+        if runner is None:
+            known = ", ".join(sorted(self.runners)) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"no subscription {request.subscription!r} (known: {known})",
+            )
+        assert runner is not None
+        return [runner]
+
+    async def Pause(  # noqa: N802
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        runners = await self._select(request, context)
+        for r in runners:
+            r.pause()
+        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+
+    async def Resume(  # noqa: N802
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        runners = await self._select(request, context)
+        for r in runners:
+            r.resume()
+        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+
+    async def Reconnect(  # noqa: N802
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        runners = await self._select(request, context)
+        for r in runners:
+            r.reconnect()
+        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
