@@ -1,0 +1,145 @@
+"""SQLite trigger capture: exact values, whole transactions, snapshot on install."""
+
+from __future__ import annotations
+
+import decimal
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from common.rpc import txrepl_pb2 as pb
+from common.values import decode
+from publisher.capture.sqlite import SqliteCapture, parse_sql_literal
+from publisher.errors import SourceError
+
+
+def _source(tmp_path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute(
+        "CREATE TABLE t(id INTEGER PRIMARY KEY, name TEXT, price DECIMAL(10,2), "
+        "ratio REAL, data BLOB, flag BOOLEAN, day DATE)"
+    )
+    return conn
+
+
+def _rows(entry: pb.Entry) -> list[tuple[str, list[object], list[object]]]:
+    out = []
+    for op in entry.ops:
+        if op.HasField("row"):
+            out.append(
+                (
+                    pb.RowOp.Name(op.row.op),
+                    [decode(v) for v in op.row.key],
+                    [decode(v) for v in op.row.row],
+                )
+            )
+    return out
+
+
+def test_parse_sql_literal_round_trips_quote(tmp_path: Path) -> None:
+    """Every value SQLite's quote() renders parses back to the identical value."""
+    conn = sqlite3.connect(":memory:")
+    values = [None, 0, -(2**63), 2**63 - 1, 1 / 3, 1e300, -0.5, "it's", "", b"\x00\xff", "x\ny"]
+    for v in values:
+        (lit,) = conn.execute("SELECT quote(?)", (v,)).fetchone()
+        assert parse_sql_literal(lit) == v
+
+
+def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -> None:
+    """Existing rows come first (after the schema), then later changes, all exact."""
+    src = _source(tmp_path)
+    src.execute(
+        "INSERT INTO t VALUES (1, 'a', 12.5, 0.1, x'00ff', 1, '2024-02-29')"
+    )
+    cap = SqliteCapture(tmp_path / "src.db")
+    assert cap.install("p", "inc-1", ["t"]) == ["t"]
+    src.execute("BEGIN")
+    src.execute("UPDATE t SET name = 'b', id = 2 WHERE id = 1")
+    src.execute("INSERT INTO t VALUES (3, 'c', '7', 2.5, NULL, 0, NULL)")
+    src.execute("COMMIT")
+    src.execute("DELETE FROM t WHERE id = 3")
+    rows = cap.read(0)
+    entry, last = cap.build_entry("p", rows, 0, cap.installed()["p"])
+    assert entry is not None
+    assert last == rows[-1].id
+    assert entry.source_position == str(last)
+    assert entry.ops[0].HasField("schema")
+    schema = entry.ops[0].schema
+    assert list(schema.primary_key) == ["id"]
+    assert [c.type for c in schema.columns][:3] == [
+        pb.COLUMN_TYPE_INTEGER,
+        pb.COLUMN_TYPE_TEXT,
+        pb.COLUMN_TYPE_DECIMAL,
+    ]
+    import datetime as dt
+
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], [1, "a", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True,
+                               dt.date(2024, 2, 29)]),
+        ("ROW_OP_UPDATE", [1], [2, "b", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True,
+                                dt.date(2024, 2, 29)]),
+        ("ROW_OP_INSERT", [], [3, "c", decimal.Decimal("7.00"), 2.5, None, False, None]),
+        ("ROW_OP_DELETE", [3], []),
+    ]
+
+
+def test_rows_before_installation_and_other_publications_are_excluded(tmp_path: Path) -> None:
+    """A publication gets only its own snapshot and changes after its installation."""
+    src = _source(tmp_path)
+    src.execute("INSERT INTO t(id, name) VALUES (1, 'a')")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p1", "i1", ["t"])
+    src.execute("INSERT INTO t(id, name) VALUES (2, 'b')")
+    cap.install("p2", "i2", ["t"])
+    src.execute("INSERT INTO t(id, name) VALUES (3, 'c')")
+    rows = cap.read(0)
+    inst = cap.installed()
+    e1, _ = cap.build_entry("p1", rows, 0, inst["p1"])
+    e2, _ = cap.build_entry("p2", rows, 0, inst["p2"])
+    assert e1 is not None and e2 is not None
+    ids1 = [r[2][0] for r in _rows(e1)]
+    ids2 = [r[2][0] for r in _rows(e2)]
+    assert ids1 == [1, 2, 3]
+    assert sorted(ids2[:2]) == [1, 2] and ids2[2:] == [3]
+
+
+def test_reinstall_same_incarnation_adds_nothing_new_incarnation_snapshots_again(
+    tmp_path: Path,
+) -> None:
+    src = _source(tmp_path)
+    src.execute("INSERT INTO t(id) VALUES (1)")
+    cap = SqliteCapture(tmp_path / "src.db")
+    assert cap.install("p", "i1", ["t"]) == ["t"]
+    assert cap.install("p", "i1", ["t"]) == []
+    assert cap.install("p", "i2", ["t"]) == ["t"]
+
+
+def test_release_deletes_logged_rows_only(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "i", ["t"])
+    for i in range(5):
+        src.execute("INSERT INTO t(id) VALUES (?)", (i,))
+    rows = cap.read(0)
+    cap.release(rows[2].id)
+    assert [r.id for r in cap.read(0)] == [r.id for r in rows[3:]]
+
+
+def test_table_without_primary_key_is_refused_by_name(tmp_path: Path) -> None:
+    src = _source(tmp_path)
+    src.execute("CREATE TABLE nokey(a, b)")
+    cap = SqliteCapture(tmp_path / "src.db")
+    with pytest.raises(SourceError, match="'nokey'.*no PRIMARY KEY"):
+        cap.install("p", "i", ["nokey"])
+    # nothing was installed: the transaction rolled back
+    assert cap.installed() == {}
+
+
+def test_missing_table_is_refused_by_name(tmp_path: Path) -> None:
+    _source(tmp_path)
+    cap = SqliteCapture(tmp_path / "src.db")
+    with pytest.raises(SourceError, match="'ghost' does not exist"):
+        cap.install("p", "i", ["t", "ghost"])
+    assert cap.installed() == {}

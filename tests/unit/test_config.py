@@ -1,0 +1,121 @@
+"""Configuration: strict validation with errors naming the file and the key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError
+from publisher.config import load_config as load_publisher
+from subscriber.config import BackoffConfig
+from subscriber.config import load_config as load_subscriber
+
+PUB = """
+server_name = "pub1"
+source = "sqlite:///src.db"
+listen = "127.0.0.1:7400"
+
+[[publication]]
+name = "shop"
+tables = ["accounts"]
+"""
+
+SUB = """
+server_name = "sub1"
+target = "sqlite:///t.db"
+
+[[subscription]]
+publisher = "pub1"
+address = "127.0.0.1:7400"
+publication = "shop"
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> None:
+    pub = load_publisher(_write(tmp_path, PUB))
+    assert pub.publication[0].max_delta == 1_000_000
+    assert pub.sqlite_source_path == tmp_path.resolve() / "src.db"
+    sub = load_subscriber(_write(tmp_path, SUB, "s.toml"))
+    assert sub.subscription[0].id == "pub1.shop"
+    assert sub.spark.master == "local[2]"
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "problem"),
+    [
+        (PUB + "\nbogus = 1\n", "bogus", "unknown key"),
+        (PUB.replace('listen = "127.0.0.1:7400"', 'listen = "nowhere"'), "", "not host:port"),
+        (PUB + "\n[log]\nfsync = 'sometimes'\n", "log.fsync", "'sometimes' is not allowed"),
+        (PUB.replace('name = "shop"', 'name = "shop"\nmax_delta = -1'), "publication[0]",
+         "max_delta must be positive"),
+        (PUB.replace('name = "shop"', 'name = "shop"\nqueue_threshold = "many"'),
+         "publication[0].queue_threshold", "expected an integer"),
+        (PUB.replace('server_name = "pub1"', ""), "server_name", "required key is missing"),
+    ],
+)
+def test_publisher_config_errors_name_file_and_key(
+    tmp_path: Path, text: str, key: str, problem: str
+) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_publisher(path)
+    assert str(path) in str(err.value)
+    assert key in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_subscriber_unknown_key_in_subscription(tmp_path: Path) -> None:
+    path = _write(tmp_path, SUB + 'adress = "x"\n')
+    with pytest.raises(ConfigError, match=r"subscription\[0\]\.adress: unknown key"):
+        load_subscriber(path)
+
+
+def test_not_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_subscriber(_write(tmp_path, "server_name = "))
+    with pytest.raises(ConfigError, match="file not found"):
+        load_subscriber(tmp_path / "absent.toml")
+
+
+def test_environment_overrides(tmp_path: Path) -> None:
+    from common.config import load_toml
+    from subscriber.config import SubscriberConfig
+
+    cfg = load_toml(
+        SubscriberConfig,
+        _write(tmp_path, SUB),
+        environ={"TXREPL_SPARK__MASTER": "local[1]", "TXREPL_CONTROL_LISTEN": "127.0.0.1:9"},
+    )
+    assert cfg.spark.master == "local[1]"
+    assert cfg.control_listen == "127.0.0.1:9"
+
+
+def test_backoff_is_capped_and_jittered() -> None:
+    b = BackoffConfig(initial_s=0.5, max_s=4.0, multiplier=2.0, jitter=0.25)
+    assert b.delay(1, 0.5) == pytest.approx(0.5)
+    assert b.delay(3, 0.5) == pytest.approx(2.0)
+    assert b.delay(30, 0.5) == pytest.approx(4.0)
+    assert b.delay(30, 0.0) == pytest.approx(3.0)
+    assert b.delay(30, 0.999) == pytest.approx(5.0, rel=0.01)
+
+
+def test_daemon_refuses_bad_config_at_start(tmp_path: Path) -> None:
+    """`txrepl publisher run` with an unknown key exits 2 naming the file and the key."""
+    path = _write(tmp_path, "bogus = 1\n" + PUB)
+    proc = subprocess.run(
+        [sys.executable, "-m", "publisher", "run", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert f"{path}: bogus: unknown key" in proc.stderr
