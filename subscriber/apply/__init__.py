@@ -1,0 +1,29 @@
+"""Spark apply engine: batches of entries -> net effect in Spark -> one target transaction.
+
+Public face (see ``docs/apply.md``)::
+
+    spark = create_spark_session(SparkSettings(master="local[2]"))
+    applier = Applier(spark, SqliteWriter("target.db"), subscription="s1")
+    state = applier.load_state()
+    result = applier.apply(state.level + 1, entries, incarnation="...")
+"""
+
+from subscriber.apply.engine import Applier, ApplyResult
+from subscriber.apply.errors import ApplyError, GapError, SchemaError, WriterError
+from subscriber.apply.session import SparkSettings, create_spark_session
+from subscriber.apply.sqlite import SqliteWriter
+from subscriber.apply.writer import SubscriptionState, Writer
+
+__all__ = [
+    "Applier",
+    "ApplyError",
+    "ApplyResult",
+    "GapError",
+    "SchemaError",
+    "SparkSettings",
+    "SqliteWriter",
+    "SubscriptionState",
+    "Writer",
+    "WriterError",
+    "create_spark_session",
+]

@@ -1,0 +1,278 @@
+"""Apply a batch of consecutive entries to the target through Spark, exactly once.
+
+Algorithm, for a batch ``(first_seq, entries)``; entry ``i`` has seq ``first_seq + i``:
+
+1. **Segments.**  Walk the ops in order (entry by entry, op by op).  A schema op,
+   a SQL statement, a procedure call or a TRUNCATE is a *barrier*: it closes the
+   current segment and becomes a step of its own.  Row changes between barriers
+   form a segment.  Schemas are tracked in a copy of the subscription's schemas,
+   so a row change is always read against its table's schema as of that op.
+2. **Events.**  Each row change becomes events of its table, numbered by a
+   batch-wide position ``_pos`` that increases in op order:
+   INSERT -> upsert(row); DELETE -> delete(key);
+   UPDATE -> upsert(row), preceded by delete(old key) when the key changed
+   (a key change is a delete of the old key plus an insert of the new one).
+3. **Net effect (Spark).**  Per table and segment, the events go to Spark as one
+   Arrow table (``createDataFrame(pyarrow.Table)``); a window over the primary key
+   ordered by ``(_seq, _pos)`` descending keeps ``row_number() = 1``: the last
+   event per key wins.  ``toArrow()`` brings the survivors back; ``_del`` splits
+   them into deletes and upserts.  This is correct because, within a segment, the
+   state of a key after all its events depends only on its last event (an upsert
+   writes the whole row, a delete removes it), and events of different keys
+   commute.  Barriers are never reordered with the rows around them.
+4. **Write.**  The writer runs, in ONE target transaction: re-read the level row
+   under the target's write lock and refuse unless ``level + 1 == first_seq`` (and
+   the incarnation matches), then each step in order (DDL, deletes, then upserts
+   per table segment), then the new level row (``level = first_seq + n - 1``),
+   then commit.
+
+Atomicity: Spark only computes; nothing reaches the target before step 4, and
+step 4 is a single database transaction holding both the rows and the level.  A
+crash (SIGKILL, power loss) before the commit is durable leaves the target exactly
+as of the old level; after it, exactly as of the new level (SQLite: WAL with
+``synchronous=FULL``, so a commit that returned is on disk).  Because the level
+check is inside the same transaction, a batch can never be applied twice: a
+re-sent or overlapping batch fails the check and changes nothing.  The in-memory
+schema cache is replaced only after the commit returns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._events import EventBuffer, net_effect
+from subscriber.apply.errors import ApplyError, GapError, SchemaError
+from subscriber.apply.writer import (
+    CallStep,
+    RowsStep,
+    SchemaStep,
+    SqlStep,
+    Step,
+    SubscriptionState,
+    TruncateStep,
+    Writer,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["Applier", "ApplyResult"]
+
+R = pb.RowOp
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    """The outcome of one applied batch."""
+
+    level: int  # the new level: the batch's last seq
+    rows: int  # row changes in the batch (inserts, updates, deletes)
+    written: int  # target rows deleted or upserted after net effect
+    entries: int
+    seconds: float  # wall time of the whole apply (Spark and target)
+
+
+class Applier:
+    """Applies the batches of one subscription to one target, through Spark."""
+
+    def __init__(self, spark: SparkSession, writer: Writer, subscription: str) -> None:
+        if not subscription:
+            raise ValueError("Applier.subscription: must not be empty")
+        self._spark = spark
+        self._writer = writer
+        self.subscription = subscription
+        self._state: SubscriptionState | None = None
+
+    def load_state(self) -> SubscriptionState:
+        """Read the subscription's level, incarnation and schemas from the target."""
+        self._state = self._writer.load_state(self.subscription)
+        return self._state
+
+    @property
+    def state(self) -> SubscriptionState:
+        if self._state is None:
+            return self.load_state()
+        return self._state
+
+    def apply(
+        self, first_seq: int, entries: Sequence[pb.Entry], *, incarnation: str
+    ) -> ApplyResult:
+        """Apply the batch and move the level, in one target transaction.
+
+        Raises :class:`GapError` when ``first_seq`` is not ``level + 1`` or the
+        incarnation differs from the stored one; any :class:`ApplyError` leaves
+        the target unchanged.
+        """
+        started = time.perf_counter()
+        state = self.state
+        if not entries:
+            return ApplyResult(state.level, 0, 0, 0, time.perf_counter() - started)
+        if first_seq != state.level + 1:
+            # Re-read: another process may have moved the level (the writer checks again).
+            state = self.load_state()
+        self._check(state, first_seq, incarnation)
+        last_seq = first_seq + len(entries) - 1
+
+        schemas = dict(state.schemas)
+        steps, rows = self._plan(first_seq, entries, schemas)
+        try:
+            written = self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
+        except GapError:
+            self._state = None  # the target moved under us: reload next time
+            raise
+        self._state = SubscriptionState(last_seq, incarnation, schemas)
+        return ApplyResult(last_seq, rows, written, len(entries), time.perf_counter() - started)
+
+    def _check(self, state: SubscriptionState, first_seq: int, incarnation: str) -> None:
+        if first_seq != state.level + 1:
+            raise GapError(
+                f"batch starts at seq {first_seq} but the target's level is {state.level}; "
+                f"expected seq {state.level + 1}",
+                subscription=self.subscription,
+                seq=first_seq,
+            )
+        if not incarnation:
+            raise ApplyError("incarnation must not be empty", subscription=self.subscription)
+        if state.incarnation and state.incarnation != incarnation:
+            raise GapError(
+                f"publication incarnation changed from {state.incarnation!r} to "
+                f"{incarnation!r}; the subscription must be re-initialised",
+                subscription=self.subscription,
+                seq=first_seq,
+            )
+
+    def _plan(
+        self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
+    ) -> tuple[list[Step], int]:
+        """Split the batch into steps; ``schemas`` is updated as schema ops pass."""
+        steps: list[Step] = []
+        segment: dict[str, EventBuffer] = {}
+        pos = 0
+        rows = 0
+
+        def flush() -> None:
+            for buf in segment.values():
+                steps.append(self._rows_step(buf))
+            segment.clear()
+
+        for i, entry in enumerate(entries):
+            seq = first_seq + i
+            for op in entry.ops:
+                kind = op.WhichOneof("kind")
+                if kind == "row":
+                    change = op.row
+                    if change.op == R.ROW_OP_TRUNCATE:
+                        if change.table not in schemas:
+                            raise self._unknown(change.table, seq)
+                        flush()
+                        steps.append(TruncateStep(change.table))
+                        rows += 1
+                        continue
+                    buf = segment.get(change.table)
+                    if buf is None:
+                        schema = schemas.get(change.table)
+                        if schema is None:
+                            raise self._unknown(change.table, seq)
+                        buf = segment[change.table] = EventBuffer(schema)
+                    pos = self._events(buf, seq, pos, change)
+                    rows += 1
+                elif kind == "schema":
+                    flush()
+                    self._check_schema(op.schema, seq)
+                    previous = schemas.get(op.schema.table)
+                    schemas[op.schema.table] = op.schema
+                    steps.append(SchemaStep(op.schema, previous))
+                elif kind == "sql":
+                    flush()
+                    steps.append(SqlStep(op.sql.sql))
+                elif kind == "call":
+                    flush()
+                    steps.append(CallStep(op.call.name, list(op.call.args)))
+                else:
+                    raise ApplyError(
+                        "entry holds an empty op", subscription=self.subscription, seq=seq
+                    )
+        flush()
+        return steps, rows
+
+    def _unknown(self, table: str, seq: int) -> SchemaError:
+        return SchemaError(
+            "row change for a table whose schema has not been received",
+            subscription=self.subscription,
+            seq=seq,
+            table=table,
+        )
+
+    def _check_schema(self, schema: pb.TableSchema, seq: int) -> None:
+        names = [c.name for c in schema.columns]
+        if not schema.table or not names:
+            raise SchemaError(
+                "schema op needs a table name and at least one column",
+                subscription=self.subscription,
+                seq=seq,
+                table=schema.table,
+            )
+        if len(set(names)) != len(names):
+            raise SchemaError(
+                "schema op repeats a column name",
+                subscription=self.subscription,
+                seq=seq,
+                table=schema.table,
+            )
+        if not schema.primary_key or any(k not in names for k in schema.primary_key):
+            raise SchemaError(
+                "schema op needs a primary key made of its columns "
+                "(tables without a primary key are not supported yet)",
+                subscription=self.subscription,
+                seq=seq,
+                table=schema.table,
+            )
+
+    def _events(self, buf: EventBuffer, seq: int, pos: int, change: pb.RowChange) -> int:
+        schema = buf.schema
+        width = len(schema.columns)
+        names = [c.name for c in schema.columns]
+        key_index = [names.index(k) for k in schema.primary_key]
+
+        def bad(what: str) -> SchemaError:
+            return SchemaError(what, subscription=self.subscription, seq=seq, table=change.table)
+
+        def key_row(key: Sequence[pb.Value]) -> list[pb.Value | None]:
+            if len(key) != len(key_index):
+                raise bad(f"key has {len(key)} values, the primary key {len(key_index)}")
+            cells: list[pb.Value | None] = [None] * width
+            for idx, value in zip(key_index, key, strict=True):
+                cells[idx] = value
+            return cells
+
+        if change.op in (R.ROW_OP_INSERT, R.ROW_OP_UPDATE):
+            if len(change.row) != width:
+                raise bad(f"row has {len(change.row)} values, the table {width} columns")
+            if change.op == R.ROW_OP_UPDATE and change.key:
+                old = list(change.key)
+                new = [change.row[i] for i in key_index]
+                if old != new:
+                    buf.add(seq, pos, True, key_row(old))
+                    pos += 1
+            buf.add(seq, pos, False, list(change.row))
+            return pos + 1
+        if change.op == R.ROW_OP_DELETE:
+            buf.add(seq, pos, True, key_row(list(change.key)))
+            return pos + 1
+        raise bad(f"unknown row op {change.op}")
+
+    def _rows_step(self, buf: EventBuffer) -> RowsStep:
+        events = buf.to_arrow()
+        names = [c.name for c in buf.schema.columns]
+        key_cols = [events.column_names[3 + names.index(k)] for k in buf.schema.primary_key]
+        survivors = net_effect(self._spark, events, key_cols)
+        flags = survivors.column("_del")
+        import pyarrow.compute as pc
+
+        deletes = survivors.filter(flags)
+        upserts = survivors.filter(pc.invert(flags))
+        return RowsStep(buf.schema, deletes, upserts)

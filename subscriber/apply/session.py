@@ -1,0 +1,84 @@
+"""The long-lived SparkSession of a subscriber daemon."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SparkSettings", "create_spark_session"]
+
+_LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
+
+
+@dataclass(frozen=True)
+class SparkSettings:
+    """How to start Spark; validated once, at construction.
+
+    ``conf`` entries override the defaults set by :func:`create_spark_session`;
+    ``jars`` are local paths (JDBC drivers from Debian packages, Maven being
+    unreachable) joined into ``spark.jars``.
+    """
+
+    master: str = "local[2]"
+    app_name: str = "txrepl-subscriber"
+    conf: Mapping[str, str] = field(default_factory=dict)
+    jars: Sequence[str] = ()
+    shuffle_partitions: int = 2
+    log_level: str = "WARN"
+
+    def __post_init__(self) -> None:
+        if not self.master:
+            raise ValueError("SparkSettings.master: must not be empty")
+        if not self.app_name:
+            raise ValueError("SparkSettings.app_name: must not be empty")
+        if self.shuffle_partitions < 1:
+            raise ValueError("SparkSettings.shuffle_partitions: must be at least 1")
+        if self.log_level.upper() not in _LOG_LEVELS:
+            raise ValueError(f"SparkSettings.log_level: must be one of {', '.join(_LOG_LEVELS)}")
+        for key, value in self.conf.items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise ValueError(f"SparkSettings.conf: {key!r} must map a string to a string")
+
+
+def create_spark_session(settings: SparkSettings) -> SparkSession:
+    """Start (or join) the process's SparkSession, tuned for small, frequent batches.
+
+    The UI is off, the driver binds to loopback, Python workers run this
+    interpreter (so they see the venv's packages), shuffles use few partitions
+    and DataFrames move through Arrow.  Spark's own logging is cut to WARN.
+    """
+    # Spark's launcher and its Python workers read these from the environment.
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+
+    from pyspark.sql import SparkSession
+
+    conf: dict[str, str] = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        "spark.default.parallelism": str(settings.shuffle_partitions),
+        "spark.sql.adaptive.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
+        "spark.sql.session.timeZone": "UTC",
+    }
+    if settings.jars:
+        conf["spark.jars"] = ",".join(settings.jars)
+    conf.update(settings.conf)
+
+    builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(settings.log_level.upper())
+    return spark

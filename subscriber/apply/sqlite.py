@@ -1,0 +1,314 @@
+"""SQLite target writer: stdlib ``sqlite3``, one ``BEGIN IMMEDIATE`` transaction per batch.
+
+Type mapping (logical -> SQLite declared type, stored value):
+
+===========  ========  ==============================================
+INTEGER      INTEGER   integer
+DECIMAL      TEXT      canonical decimal text (exact; never REAL)
+FLOAT        REAL      double
+TEXT         TEXT      text
+BYTES        BLOB      bytes
+BOOLEAN      INTEGER   0 / 1
+DATE         TEXT      ISO 8601 ``YYYY-MM-DD``
+TIME         TEXT      ISO 8601 ``HH:MM:SS[.ffffff]``
+TIMESTAMP    TEXT      ISO 8601 ``YYYY-MM-DDTHH:MM:SS[.ffffff]``
+TIMESTAMPTZ  TEXT      ISO 8601 with offset ``...+HH:MM``
+JSON         TEXT      the JSON document's text
+other        (none)    the value's natural SQLite form
+===========  ========  ==============================================
+
+The database runs in WAL mode with ``synchronous=FULL``: a commit that returned
+survives a crash or power loss.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.errors import ApplyError, GapError, WriterError
+from subscriber.apply.writer import (
+    CallStep,
+    RowsStep,
+    SchemaStep,
+    SqlStep,
+    Step,
+    SubscriptionState,
+    TruncateStep,
+    column_of,
+    python_values,
+)
+
+__all__ = ["SqliteWriter"]
+
+T = pb.ColumnType
+
+_DECLARED: dict[int, str] = {
+    T.COLUMN_TYPE_INTEGER: "INTEGER",
+    T.COLUMN_TYPE_DECIMAL: "TEXT",
+    T.COLUMN_TYPE_FLOAT: "REAL",
+    T.COLUMN_TYPE_TEXT: "TEXT",
+    T.COLUMN_TYPE_BYTES: "BLOB",
+    T.COLUMN_TYPE_BOOLEAN: "INTEGER",
+    T.COLUMN_TYPE_DATE: "TEXT",
+    T.COLUMN_TYPE_TIME: "TEXT",
+    T.COLUMN_TYPE_TIMESTAMP: "TEXT",
+    T.COLUMN_TYPE_TIMESTAMPTZ: "TEXT",
+    T.COLUMN_TYPE_JSON: "TEXT",
+}
+
+_METADATA = """
+CREATE TABLE IF NOT EXISTS txrepl_subscriptions (
+    subscription TEXT PRIMARY KEY,
+    incarnation  TEXT NOT NULL,
+    level        INTEGER NOT NULL,
+    updated_at   TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS txrepl_schemas (
+    subscription TEXT NOT NULL,
+    table_name   TEXT NOT NULL,
+    schema       BLOB NOT NULL,   -- serialized txrepl.v1.TableSchema
+    updated_at   TEXT NOT NULL,
+    PRIMARY KEY (subscription, table_name)
+);
+CREATE TABLE IF NOT EXISTS txrepl_errors (
+    subscription TEXT NOT NULL,
+    seq          INTEGER NOT NULL,
+    entry        BLOB NOT NULL,   -- serialized txrepl.v1.Entry, whole
+    error        TEXT NOT NULL,
+    created_at   TEXT NOT NULL,
+    PRIMARY KEY (subscription, seq)
+);
+"""
+
+
+def quote(name: str) -> str:
+    """Quote an SQL identifier."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()
+
+
+def sqlite_value(v: object) -> object:
+    """A Python value of ``common.values`` in the form this writer stores."""
+    if v is None or isinstance(v, int | float | str | bytes):
+        return int(v) if isinstance(v, bool) else v
+    if isinstance(v, decimal.Decimal):
+        return str(v)
+    if isinstance(v, dt.date | dt.time):  # datetime is a date
+        return v.isoformat()
+    raise TypeError(f"no SQLite form for {type(v).__name__}")
+
+
+def _column_values(table: object, index: int, column: pb.Column) -> list[object]:
+    import pyarrow as pa
+
+    assert isinstance(table, pa.Table)
+    col, variant = column_of(table, index)
+    t = column.type
+    if not variant and t in (
+        T.COLUMN_TYPE_INTEGER,
+        T.COLUMN_TYPE_DECIMAL,
+        T.COLUMN_TYPE_FLOAT,
+        T.COLUMN_TYPE_TEXT,
+        T.COLUMN_TYPE_JSON,
+        T.COLUMN_TYPE_BYTES,
+        T.COLUMN_TYPE_TIMESTAMPTZ,
+    ):
+        # Already in stored form (decimals and timestamptz travel as ISO/canonical text).
+        out: list[object] = col.to_pylist()
+        return out
+    if not variant and t == T.COLUMN_TYPE_BOOLEAN:
+        return [None if b is None else int(b) for b in col.to_pylist()]
+    return [sqlite_value(v) for v in python_values(col, column, variant)]
+
+
+class SqliteWriter:
+    """Writes batches into one SQLite database file (thread-safe; one connection)."""
+
+    dialect = "sqlite"
+
+    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        try:
+            self._conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+            )
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(_METADATA)
+        except sqlite3.Error as exc:
+            raise WriterError(f"cannot open SQLite target {self.path}: {exc}") from exc
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def load_state(self, subscription: str) -> SubscriptionState:
+        with self._lock:
+            try:
+                row = self._conn.execute(
+                    "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
+                    (subscription,),
+                ).fetchone()
+                schemas: dict[str, pb.TableSchema] = {}
+                for name, blob in self._conn.execute(
+                    "SELECT table_name, schema FROM txrepl_schemas WHERE subscription = ?",
+                    (subscription,),
+                ):
+                    schemas[name] = pb.TableSchema.FromString(blob)
+            except sqlite3.Error as exc:
+                raise WriterError(
+                    f"cannot read state from {self.path}: {exc}", subscription=subscription
+                ) from exc
+        if row is None:
+            return SubscriptionState(0, "", schemas)
+        return SubscriptionState(int(row[1]), str(row[0]), schemas)
+
+    def write(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+    ) -> int:
+        with self._lock:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                row = conn.execute(
+                    "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
+                    (subscription,),
+                ).fetchone()
+                level, stored = (int(row[1]), str(row[0])) if row else (0, "")
+                if first_seq != level + 1:
+                    raise GapError(
+                        f"batch starts at seq {first_seq} but the target's level is {level}",
+                        subscription=subscription,
+                        seq=first_seq,
+                    )
+                if stored and stored != incarnation:
+                    raise GapError(
+                        f"incarnation {incarnation!r} differs from the stored {stored!r}",
+                        subscription=subscription,
+                        seq=first_seq,
+                    )
+                written = 0
+                for step in steps:
+                    written += self._step(subscription, step)
+                conn.execute(
+                    "INSERT INTO txrepl_subscriptions"
+                    " (subscription, incarnation, level, updated_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (subscription) DO UPDATE SET"
+                    " incarnation = excluded.incarnation, level = excluded.level,"
+                    " updated_at = excluded.updated_at",
+                    (subscription, incarnation, last_seq, _now()),
+                )
+                conn.execute("COMMIT")
+                return written
+            except BaseException as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise WriterError(
+                        f"SQLite target {self.path} refused the batch: {exc}",
+                        subscription=subscription,
+                        seq=first_seq,
+                    ) from exc
+                raise
+
+    # -- steps ---------------------------------------------------------------
+
+    def _step(self, subscription: str, step: Step) -> int:
+        if isinstance(step, RowsStep):
+            return self._rows(step)
+        if isinstance(step, SchemaStep):
+            self._schema(subscription, step.schema)
+            return 0
+        if isinstance(step, TruncateStep):
+            self._conn.execute(f"DELETE FROM {quote(step.table)}")
+            return 0
+        if isinstance(step, SqlStep):
+            self._conn.execute(step.sql)
+            return 0
+        if isinstance(step, CallStep):
+            raise ApplyError(
+                f"procedure call {step.name!r}: a SQLite target has no procedures "
+                "(no Python handler is registered)",
+                subscription=subscription,
+            )
+        raise AssertionError(f"unknown step {step!r}")
+
+    def _existing_columns(self, table: str) -> list[str]:
+        return [r[1] for r in self._conn.execute(f"PRAGMA table_info({quote(table)})")]
+
+    def _schema(self, subscription: str, schema: pb.TableSchema) -> None:
+        existing = self._existing_columns(schema.table)
+        if not existing:
+            cols = []
+            for c in schema.columns:
+                decl = _DECLARED.get(c.type, "")
+                null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
+                cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
+            pk = ", ".join(quote(k) for k in schema.primary_key)
+            self._conn.execute(
+                f"CREATE TABLE {quote(schema.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+            )
+        else:
+            have = {n.lower() for n in existing}
+            for c in schema.columns:
+                if c.name.lower() not in have:
+                    # SQLite cannot add a NOT NULL column without a default: added columns
+                    # are nullable on the target (the source's rows fill them).
+                    decl = _DECLARED.get(c.type, "")
+                    self._conn.execute(
+                        f"ALTER TABLE {quote(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
+                    )
+        self._conn.execute(
+            "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (subscription, table_name) DO UPDATE SET"
+            " schema = excluded.schema, updated_at = excluded.updated_at",
+            (subscription, schema.table, schema.SerializeToString(), _now()),
+        )
+
+    def _rows(self, step: RowsStep) -> int:
+        schema = step.schema
+        names = [c.name for c in schema.columns]
+        table = quote(schema.table)
+        written = 0
+        if step.deletes.num_rows:
+            key_idx = [names.index(k) for k in schema.primary_key]
+            where = " AND ".join(f"{quote(names[i])} IS ?" for i in key_idx)
+            cols = [_column_values(step.deletes, i, schema.columns[i]) for i in key_idx]
+            self._conn.executemany(f"DELETE FROM {table} WHERE {where}", _rows_of(cols))
+            written += step.deletes.num_rows
+        if step.upserts.num_rows:
+            cols = [_column_values(step.upserts, i, c) for i, c in enumerate(schema.columns)]
+            collist = ", ".join(quote(n) for n in names)
+            marks = ", ".join("?" for _ in names)
+            pk = ", ".join(quote(k) for k in schema.primary_key)
+            rest = [n for n in names if n not in schema.primary_key]
+            if rest:
+                sets = ", ".join(f"{quote(n)} = excluded.{quote(n)}" for n in rest)
+                conflict = f"DO UPDATE SET {sets}"
+            else:
+                conflict = "DO NOTHING"
+            self._conn.executemany(
+                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}",
+                _rows_of(cols),
+            )
+            written += step.upserts.num_rows
+        return written
+
+
+def _rows_of(columns: list[list[object]]) -> Iterable[tuple[object, ...]]:
+    return zip(*columns, strict=True)

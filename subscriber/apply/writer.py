@@ -1,0 +1,171 @@
+"""The target side: what a writer receives, and the :class:`Writer` protocol.
+
+A writer applies one batch as one target transaction: it re-reads the
+subscription's level under the target's write lock, refuses a batch that does not
+continue it, runs the batch's steps in order, writes the new level row and
+commits.  Spark never writes to the target; it only computes the steps' rows.
+
+Rows travel as Arrow tables whose table columns are named by position: ``c{i}``
+for the ``i``-th column of the table's schema in its typed Arrow form, or ``v{i}``
+when the column had to be carried as *variant* (each cell a serialized
+``txrepl.v1.Value``, because some value did not fit the column's declared type).
+Positional names keep Spark away from the source's column names (Spark is
+case-insensitive; ``_seq`` could clash).  Typed Arrow forms, chosen so that Spark
+round-trips them exactly:
+
+===========  =================  ==========================================
+ColumnType   Arrow              content
+===========  =================  ==========================================
+INTEGER      int64
+DECIMAL      string             canonical decimal text (unbounded precision)
+FLOAT        float64
+TEXT, JSON   string
+BYTES        binary
+BOOLEAN      bool
+DATE         date32
+TIME         int64              microseconds since midnight
+TIMESTAMP    int64              microseconds since 1970-01-01T00:00 (naive)
+TIMESTAMPTZ  string             ISO 8601 with the original offset
+other        binary (variant)   serialized Value
+===========  =================  ==========================================
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import pyarrow as pa
+
+from common import values
+from common.rpc import txrepl_pb2 as pb
+
+__all__ = [
+    "CallStep",
+    "RowsStep",
+    "SchemaStep",
+    "SqlStep",
+    "Step",
+    "SubscriptionState",
+    "TruncateStep",
+    "Writer",
+    "column_of",
+    "python_values",
+]
+
+T = pb.ColumnType
+
+
+@dataclass(frozen=True)
+class SubscriptionState:
+    """What the target remembers about a subscription."""
+
+    level: int = 0
+    incarnation: str = ""
+    schemas: dict[str, pb.TableSchema] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SchemaStep:
+    """Create the table, or add the columns it lacks, and record the schema."""
+
+    schema: pb.TableSchema
+    previous: pb.TableSchema | None
+
+
+@dataclass(frozen=True)
+class TruncateStep:
+    table: str
+
+
+@dataclass(frozen=True)
+class SqlStep:
+    sql: str
+
+
+@dataclass(frozen=True)
+class CallStep:
+    name: str
+    args: Sequence[pb.Value]
+
+
+@dataclass(frozen=True)
+class RowsStep:
+    """Net effect of one segment on one table: keys to delete, rows to upsert.
+
+    Each primary key appears at most once across both tables.
+    """
+
+    schema: pb.TableSchema
+    deletes: pa.Table
+    upserts: pa.Table
+
+
+Step = SchemaStep | TruncateStep | SqlStep | CallStep | RowsStep
+
+
+class Writer(Protocol):
+    """A target database.  One :meth:`write` is one target transaction."""
+
+    dialect: str
+
+    def load_state(self, subscription: str) -> SubscriptionState:
+        """The stored level, incarnation and table schemas (level 0 if new)."""
+        ...
+
+    def write(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+    ) -> int:
+        """Apply ``steps`` and move the level to ``last_seq``, atomically.
+
+        Raises :class:`GapError` (changing nothing) unless the stored level is
+        ``first_seq - 1`` and the stored incarnation is empty or ``incarnation``.
+        Returns the number of target rows deleted or upserted.
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def column_of(table: pa.Table, index: int) -> tuple[pa.ChunkedArray, bool]:
+    """The ``index``-th schema column of an apply table, and whether it is variant."""
+    names = table.column_names
+    if f"c{index}" in names:
+        return table.column(f"c{index}"), False
+    return table.column(f"v{index}"), True
+
+
+def _time_from_us(us: int) -> dt.time:
+    secs, micro = divmod(us, 1_000_000)
+    mins, sec = divmod(secs, 60)
+    hour, minute = divmod(mins, 60)
+    return dt.time(hour, minute, sec, micro)
+
+
+_EPOCH = dt.datetime(1970, 1, 1)
+
+
+def python_values(col: pa.ChunkedArray, column: pb.Column, variant: bool) -> list[object]:
+    """Decode an apply column into the Python representation of ``common.values``."""
+    raw = col.to_pylist()
+    if variant:
+        return [None if b is None else values.decode(pb.Value.FromString(b)) for b in raw]
+    t = column.type
+    if t == T.COLUMN_TYPE_DECIMAL:
+        return [None if s is None else decimal.Decimal(s) for s in raw]
+    if t == T.COLUMN_TYPE_TIME:
+        return [None if us is None else _time_from_us(us) for us in raw]
+    if t == T.COLUMN_TYPE_TIMESTAMP:
+        return [None if us is None else _EPOCH + dt.timedelta(microseconds=us) for us in raw]
+    if t == T.COLUMN_TYPE_TIMESTAMPTZ:
+        return [None if s is None else dt.datetime.fromisoformat(s) for s in raw]
+    out: list[object] = raw
+    return out
