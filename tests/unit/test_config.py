@@ -119,3 +119,12 @@ def test_daemon_refuses_bad_config_at_start(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert f"{path}: bogus: unknown key" in proc.stderr
+
+
+def test_example_configs_are_valid() -> None:
+    """The annotated examples in deploy/examples/ load as they are."""
+    root = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+    pub = load_publisher(root / "publisher.toml")
+    sub = load_subscriber(root / "subscriber.toml")
+    assert pub.publication[0].tables == ["accounts", "orders"]
+    assert sub.subscription[0].publication == "shop"

@@ -1,0 +1,162 @@
+"""End to end with real processes: SQLite source → publisher → gRPC → subscriber → SQLite target."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.harness import Pair, wait_until
+from tests.workload import W1, W1_COLUMNS, diff_tables, run_sqlite, sqlite_source, w1_checksum
+
+pytestmark = pytest.mark.spark
+
+LEDGER = """
+CREATE TABLE IF NOT EXISTS counter(id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS ledger(id INTEGER PRIMARY KEY, txn INTEGER NOT NULL,
+                                  amount DECIMAL(10,2) NOT NULL, note TEXT);
+"""
+LEDGER_COLUMNS = {"counter": ("id", "n"), "ledger": ("id", "txn", "amount", "note")}
+
+
+def ledger_source(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(LEDGER)
+    conn.execute("INSERT OR IGNORE INTO counter VALUES (1, 0)")
+    return conn
+
+
+def ledger_txns(conn: sqlite3.Connection, start: int, count: int, seed: int = 7) -> None:
+    """Each transaction counts itself in counter.n and leaves one ledger row."""
+    rng = random.Random(seed + start)
+    for t in range(start, start + count):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("UPDATE counter SET n = n + 1 WHERE id = 1")
+        conn.execute(
+            "INSERT INTO ledger(id, txn, amount, note) VALUES (?, ?, ?, ?)",
+            (t, t, f"{rng.randint(1, 99999) / 100:.2f}", f"txn {t}"),
+        )
+        if t % 7 == 0 and t > 10:
+            conn.execute("UPDATE ledger SET note = note || ' (touched)' WHERE id = ?", (t - 5,))
+        conn.execute("COMMIT")
+
+
+def wait_equal(src: sqlite3.Connection, target: Path, tables: dict, timeout: float = 120) -> None:
+    dst = sqlite3.connect(str(target), timeout=30)
+
+    def same() -> bool:
+        try:
+            return not diff_tables(src, dst, tables, limit=1)
+        except sqlite3.Error:
+            return False
+
+    try:
+        wait_until(same, timeout, "the target to equal the source", interval=0.2)
+    except TimeoutError:
+        problems = diff_tables(src, dst, tables)
+        raise AssertionError("target differs from source:\n" + "\n".join(problems)) from None
+    finally:
+        dst.close()
+
+
+def test_catch_up_then_live(tmp_path: Path) -> None:
+    """A backlog written before the subscriber starts, then live traffic: target = source."""
+    pair = Pair(tmp_path, tables=["accounts", "orders"])
+    src = sqlite_source(pair.source_path)
+    w1 = W1(accounts=500)
+    run_sqlite(src, w1.transactions(1))
+    try:
+        pair.start_publisher()
+        run_sqlite(src, w1.transactions(1500))
+        pair.start_subscriber()
+        pair.wait_caught_up(timeout=180)
+        states = [t.state for t in pair.status().timeline]
+        assert "syncing" in states and states[-1] == "in_sync"
+        run_sqlite(src, w1.transactions(500))
+        wait_equal(src, pair.target_path, W1_COLUMNS)
+        dst = sqlite3.connect(str(pair.target_path))
+        assert w1_checksum(src) == w1_checksum(dst)
+        st = pair.status()
+        assert st.state == "in_sync"
+    finally:
+        pair.stop()
+
+
+def test_subscriber_sigkill_mid_apply_loses_and_duplicates_nothing(tmp_path: Path) -> None:
+    """SIGKILL the subscriber at random moments while it applies; after restarts, target = source."""
+    pair = Pair(tmp_path, tables=["counter", "ledger"])
+    src = ledger_source(pair.source_path)
+    rng = random.Random(3)
+    try:
+        pair.start_publisher()
+        ledger_txns(src, 1, 3000)
+        kills = 0
+        for _ in range(3):
+            pair.start_subscriber()
+            # Wait for the first batch to land, then kill at a random moment.
+            wait_until(lambda: pair.status().level > 0, 120, "a first applied batch")
+            time.sleep(rng.uniform(0.0, 0.6))
+            assert pair.sub is not None
+            level_before = pair.status().level
+            pair.sub.kill()
+            kills += 1
+            # More traffic while the subscriber is down.
+            ledger_txns(src, 3001 + kills * 500, 500)
+            print(f"kill {kills}: subscriber level was ~{level_before}")
+        pair.start_subscriber()
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS, timeout=180)
+        dst = sqlite3.connect(str(pair.target_path))
+        (n,) = dst.execute("SELECT n FROM counter WHERE id = 1").fetchone()
+        (rows,) = dst.execute("SELECT count(*) FROM ledger").fetchone()
+        assert n == rows == 3000 + 3 * 500
+    finally:
+        pair.stop()
+
+
+def test_publisher_killed_and_restarted_subscriber_resumes(tmp_path: Path) -> None:
+    """SIGKILL the publisher; on restart (same port) the subscriber reconnects by itself."""
+    pair = Pair(tmp_path, tables=["counter", "ledger"])
+    src = ledger_source(pair.source_path)
+    try:
+        pub = pair.start_publisher()
+        ledger_txns(src, 1, 300)
+        pair.start_subscriber()
+        pair.wait_caught_up(timeout=180)
+        port = pub.address.rsplit(":", 1)[1]
+        pub.kill()
+        wait_until(lambda: pair.status().state not in ("in_sync", "syncing"), 30,
+                   "the subscriber to notice")
+        ledger_txns(src, 301, 300)  # captured when the publisher comes back
+        pair.start_publisher(listen=f"127.0.0.1:{port}")
+        ledger_txns(src, 601, 100)
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS)
+        pair.wait_caught_up(timeout=60)
+        reasons = [t.reason for t in pair.status().timeline]
+        assert any("UNAVAILABLE" in r or "stream ended" in r for r in reasons), reasons
+    finally:
+        pair.stop()
+
+
+def test_unknown_publication_is_not_found_and_retried(tmp_path: Path) -> None:
+    """A subscription to a publication the publisher lacks logs NOT_FOUND and keeps retrying."""
+    pair = Pair(tmp_path, tables=["counter"])
+    ledger_source(pair.source_path)
+    try:
+        pair.start_publisher()
+        pair.publication = "nosuch"
+        sub = pair.start_subscriber()
+        wait_until(
+            lambda: sum("NOT_FOUND" in t.reason for t in pair.status().timeline) >= 2,
+            60,
+            "two NOT_FOUND refusals",
+        )
+        assert sub.running
+        st = pair.status()
+        assert "publication 'nosuch' not found" in st.last_error
+        assert "NOT_FOUND" in sub.tail(200)
+    finally:
+        pair.stop()
