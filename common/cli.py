@@ -24,7 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="info", help="debug, info, warning, error")
     parser.add_argument(
-        "--log-format", choices=["auto", "json", "console"], default="auto",
+        "--log-format",
+        choices=["auto", "json", "console"],
+        default="auto",
         help="log format (auto: JSON unless stderr is a terminal)",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
-__all__ = ["ConfigError", "load_toml", "from_mapping", "parse_address"]
+__all__ = ["ConfigError", "from_mapping", "load_toml", "parse_address"]
 
 T = TypeVar("T")
 

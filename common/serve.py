@@ -57,8 +57,11 @@ class GrpcEndpoint:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.names = list(service_names)
         reflection.enable_server_reflection(
-            [*self.names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-             reflection.SERVICE_NAME],
+            [
+                *self.names,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ],
             self.server,
         )
         host, port = parse_address(listen, field="listen")

@@ -98,7 +98,9 @@ class PublisherConfig:
         names = [p.name for p in self.publication]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
-            raise ValueError(f"publication names must be unique; repeated: {', '.join(sorted(dup))}")
+            raise ValueError(
+                f"publication names must be unique; repeated: {', '.join(sorted(dup))}"
+            )
         if self.poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be positive")
 

@@ -139,9 +139,7 @@ class Publisher:
         await self.endpoint.start()
         if self.capture is not None:
             pubs = list(self.publications.values())
-            self.capture_thread = CaptureThread(
-                self.capture, pubs, cfg.poll_interval_ms / 1000
-            )
+            self.capture_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
             self.capture_thread.start()
         write_atomic(self.data_dir / "publisher.addr", self.endpoint.address + "\n")
         log.info(

@@ -10,7 +10,7 @@ State machine (one feed per Sync stream)::
       ▼ send InSync(head)
     IN_SYNC: wait for new entries (no polling); send them as they become durable;
       │       Heartbeat(head) when idle for heartbeat_s
-      ├─ head − last sent > queue_threshold ──▶ CUT "queue threshold"
+      ├─ head - last sent > queue_threshold ──▶ CUT "queue threshold"
       ├─ a send blocked > send_timeout_s      ──▶ CUT "send timeout"
       └─ shutdown                             ──▶ CUT "publisher shutting down"
 
@@ -23,7 +23,7 @@ Checks on Hello, in order, each with its own status code:
   subscriber marked invalid ............ PERMISSION_DENIED? no: FAILED_PRECONDITION
                                           with "invalid" — see INVALID_PREFIX
   next entry purged .................... marked invalid, then as above
-  head − level > max_delta ............. marked invalid, then as above
+  head - level > max_delta ............. marked invalid, then as above
 
 The "queue" of an in-sync feed is the stretch of the log between the last entry
 sent and the head: entries wait in the log itself, so a slow feed costs no
@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 import grpc
@@ -80,8 +81,7 @@ class FeedManager:
         registry: Registry,
         *,
         hello_timeout_s: float = 10.0,
-        authorize: Callable[[pb.Hello, grpc.aio.ServicerContext[object, object]], None]
-        | None = None,
+        authorize: Callable[[pb.Hello, Any], None] | None = None,
     ) -> None:
         self.server_name = server_name
         self.publications = publications
@@ -102,7 +102,6 @@ class FeedManager:
             first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
         except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within the timeout")
-            return
         except StopAsyncIteration:
             return
         try:
@@ -115,7 +114,6 @@ class FeedManager:
                 subscriber=first.hello.subscriber if first.HasField("hello") else "",
             )
             await context.abort(refused.code, refused.message)
-            return
         self.feeds.add(feed)
         acks = asyncio.create_task(self._read_acks(feed, requests))
         try:
@@ -213,7 +211,9 @@ class FeedManager:
         if reason:
             await asyncio.to_thread(self.registry.mark_invalid, pub.name, hello.subscriber, reason)
             log.warning(
-                "subscriber marked invalid", publication=pub.name, subscriber=hello.subscriber,
+                "subscriber marked invalid",
+                publication=pub.name,
+                subscriber=hello.subscriber,
                 reason=reason,
             )
             raise FeedRefused(
@@ -225,8 +225,13 @@ class FeedManager:
             self.registry.set_level, pub.name, hello.subscriber, hello.level, plog.incarnation
         )
         await asyncio.to_thread(self.registry.set_state, pub.name, hello.subscriber, "syncing")
-        return Feed(publication=pub, subscriber=hello.subscriber, level=hello.level,
-                    last_sent=hello.level, acked=hello.level)
+        return Feed(
+            publication=pub,
+            subscriber=hello.subscriber,
+            level=hello.level,
+            last_sent=hello.level,
+            acked=hello.level,
+        )
 
     async def _read_acks(self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage]) -> None:
         pub = feed.publication
@@ -277,8 +282,13 @@ class FeedManager:
         welcome.welcome.state = pb.FEED_STATE_SYNCING
         if not await self._send(feed, context, welcome):
             return "send timeout"
-        log.info("feed started", publication=pub.name, subscriber=feed.subscriber,
-                 level=feed.level, head=plog.head)
+        log.info(
+            "feed started",
+            publication=pub.name,
+            subscriber=feed.subscriber,
+            level=feed.level,
+            head=plog.head,
+        )
         next_seq = feed.level + 1
         while not self.stopping.is_set():
             head = plog.head
@@ -317,8 +327,9 @@ class FeedManager:
                 await asyncio.to_thread(
                     self.registry.set_state, pub.name, feed.subscriber, "in_sync"
                 )
-                log.info("feed in sync", publication=pub.name, subscriber=feed.subscriber,
-                         head=head)
+                log.info(
+                    "feed in sync", publication=pub.name, subscriber=feed.subscriber, head=head
+                )
             new_head = await self._wait(plog, next_seq, cfg.heartbeat_s)
             if new_head < next_seq and not self.stopping.is_set():
                 msg = pb.PublisherMessage()
@@ -330,9 +341,9 @@ class FeedManager:
                     )
         return self._cut(feed, "publisher shutting down")
 
-    async def _wait(self, plog: object, seq: int, timeout: float) -> int:
+    async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
         """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
-        waiter = asyncio.ensure_future(plog.wait_for(seq, timeout))  # type: ignore[attr-defined]
+        waiter = asyncio.ensure_future(plog.wait_for(seq, wait_s))  # type: ignore[attr-defined]
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
@@ -344,7 +355,14 @@ class FeedManager:
 
     def _cut(self, feed: Feed, reason: str) -> str:
         pub = feed.publication
-        log.warning("feed cut", publication=pub.name, subscriber=feed.subscriber, reason=reason,
-                    sent=feed.last_sent, acked=feed.acked, head=pub.log.head)
+        log.warning(
+            "feed cut",
+            publication=pub.name,
+            subscriber=feed.subscriber,
+            reason=reason,
+            sent=feed.last_sent,
+            acked=feed.acked,
+            head=pub.log.head,
+        )
         self.registry.record_cut(pub.name, feed.subscriber, reason)
         return reason

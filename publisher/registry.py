@@ -94,14 +94,16 @@ class Registry:
             ).first()
         return _row(row) if row is not None else None
 
-    def list(self, publication: str | None = None) -> list[SubscriberRow]:
+    def list_subscribers(self, publication: str | None = None) -> list[SubscriberRow]:
         q = sa.select(subscribers).order_by(subscribers.c.publication, subscribers.c.subscriber)
         if publication:
             q = q.where(subscribers.c.publication == publication)
         with self.engine.connect() as c:
             return [_row(r) for r in c.execute(q)]
 
-    def ensure(self, publication: str, subscriber: str, incarnation: str, level: int) -> SubscriberRow:
+    def ensure(
+        self, publication: str, subscriber: str, incarnation: str, level: int
+    ) -> SubscriberRow:
         """The subscriber's row, created on its first sync request."""
         with self._lock, self.engine.begin() as c:
             row = c.execute(

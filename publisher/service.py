@@ -27,14 +27,14 @@ class ReplicationService(rpc.ReplicationServicer):
         self.feeds = feeds
         self.publications = publications
 
-    async def Sync(  # noqa: N802 - gRPC method name
+    async def Sync(  # type: ignore[override]
         self,
         request_iterator: AsyncIterator[pb.SubscriberMessage],
         context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> None:
         await self.feeds.sync(request_iterator, context)
 
-    async def Publish(  # noqa: N802
+    async def Publish(
         self,
         request: pb.PublishRequest,
         context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishResponse],
@@ -124,7 +124,7 @@ class AdminService(rpc.AdminServicer):
         self.publications = publications
         self.registry = registry
 
-    async def ListPublications(  # noqa: N802
+    async def ListPublications(
         self,
         request: pb.ListPublicationsRequest,
         context: grpc.aio.ServicerContext[pb.ListPublicationsRequest, pb.ListPublicationsResponse],
@@ -141,7 +141,7 @@ class AdminService(rpc.AdminServicer):
             )
         return out
 
-    async def ListSubscribers(  # noqa: N802
+    async def ListSubscribers(
         self,
         request: pb.ListSubscribersRequest,
         context: grpc.aio.ServicerContext[pb.ListSubscribersRequest, pb.ListSubscribersResponse],
@@ -150,13 +150,13 @@ class AdminService(rpc.AdminServicer):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"publication {request.publication!r} not found"
             )
-        rows = await asyncio.to_thread(self.registry.list, request.publication or None)
+        rows = await asyncio.to_thread(self.registry.list_subscribers, request.publication or None)
         out = pb.ListSubscribersResponse()
         for row in rows:
             out.subscribers.append(subscriber_info(row, self.publications.get(row.publication)))
         return out
 
-    async def MarkValid(  # noqa: N802
+    async def MarkValid(
         self,
         request: pb.MarkValidRequest,
         context: grpc.aio.ServicerContext[pb.MarkValidRequest, pb.MarkValidResponse],
@@ -184,8 +184,11 @@ class AdminService(rpc.AdminServicer):
             request.subscriber,
             request.level or None,
         )
-        log.warning("subscriber marked valid by an operator", publication=request.publication,
-                    subscriber=request.subscriber)
+        log.warning(
+            "subscriber marked valid by an operator",
+            publication=request.publication,
+            subscriber=request.subscriber,
+        )
         row = await asyncio.to_thread(self.registry.get, request.publication, request.subscriber)
         assert row is not None
         return pb.MarkValidResponse(subscriber=subscriber_info(row, pub))

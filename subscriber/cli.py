@@ -50,7 +50,9 @@ def _check(args: argparse.Namespace) -> int:
     from subscriber.config import load_config
 
     cfg = load_config(args.config)
-    print(f"{args.config}: ok (subscriber {cfg.server_name}, {len(cfg.subscription)} subscriptions)")
+    print(
+        f"{args.config}: ok (subscriber {cfg.server_name}, {len(cfg.subscription)} subscriptions)"
+    )
     return 0
 
 
@@ -75,7 +77,9 @@ def _control(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
         return 0
-    print(f"{'SUBSCRIPTION':<24} {'STATE':<12} {'LEVEL':>10} {'HEAD':>10} {'LAG':>8}  SINCE / ERROR")
+    print(
+        f"{'SUBSCRIPTION':<24} {'STATE':<12} {'LEVEL':>10} {'HEAD':>10} {'LAG':>8}  SINCE / ERROR"
+    )
     for s in resp.subscriptions:
         since = ""
         if s.timeline:

@@ -102,7 +102,7 @@ class SubscriptionRunner:
         self._stop = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage] | None
         self._call = None
-        self._applying = asyncio.Lock()
+        self._in_sync_head: int | None = None
 
     # -- control --------------------------------------------------------------------
 
@@ -113,8 +113,12 @@ class SubscriptionRunner:
         self.timeline.append((time.time(), state, reason))
         del self.timeline[:-100]
         log.info(
-            "subscription state", subscription=self.name, state=state, previous=prev,
-            reason=reason, level=self.level,
+            "subscription state",
+            subscription=self.name,
+            state=state,
+            previous=prev,
+            reason=reason,
+            level=self.level,
         )
 
     def pause(self) -> None:
@@ -169,7 +173,8 @@ class SubscriptionRunner:
                 log.error(
                     "subscriber is invalid: re-initialise the target, have the publisher's "
                     "operator run 'txrepl admin mark-valid', then 'txrepl subscriber reconnect'",
-                    subscription=self.name, reason=str(e),
+                    subscription=self.name,
+                    reason=str(e),
                 )
                 await self._sleep(3600)
                 continue
@@ -202,8 +207,7 @@ class SubscriptionRunner:
                 break
             failures = 1 if progressed else failures + 1
             delay = self.backoff.delay(failures, random.random())
-            log.info("reconnecting", subscription=self.name, in_s=round(delay, 2),
-                     attempt=failures)
+            log.info("reconnecting", subscription=self.name, in_s=round(delay, 2), attempt=failures)
             await self._sleep(delay)
         self._set("disconnected", "stopped")
 
@@ -229,10 +233,9 @@ class SubscriptionRunner:
                     raise PermanentFeedError("publisher closed the stream without a Welcome")
                 assert isinstance(first, pb.PublisherMessage)
                 if not first.HasField("welcome"):
-                    raise PermanentFeedError(
-                        f"expected Welcome, got {first.WhichOneof('kind')}"
-                    )
+                    raise PermanentFeedError(f"expected Welcome, got {first.WhichOneof('kind')}")
                 self._check_welcome(first.welcome)
+                self._in_sync_head = None
                 self._set("syncing", f"level {self.level}, head {first.welcome.head}")
                 queue: asyncio.Queue[Received | None] = asyncio.Queue(self.batch.queue_batches)
                 applier = asyncio.create_task(self._apply_loop(queue, call))
@@ -340,14 +343,11 @@ class SubscriptionRunner:
             else:
                 raise PermanentFeedError(f"unexpected message {kind!r} from the publisher")
 
-    _in_sync_head: int | None = None
-
     async def _apply_loop(
         self,
         queue: asyncio.Queue[Received | None],
         call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> None:
-        self._in_sync_head = None
         while True:
             item = await queue.get()
             if item is None:
@@ -375,9 +375,15 @@ class SubscriptionRunner:
             self.applied_entries += len(entries)
             self.applied_rows += result.rows
             log.info(
-                "batch applied", subscription=self.name, first_seq=first_seq, level=self.level,
-                entries=len(entries), rows=result.rows, bytes=size,
-                seconds=round(time.monotonic() - started, 4), head=self.head,
+                "batch applied",
+                subscription=self.name,
+                first_seq=first_seq,
+                level=self.level,
+                entries=len(entries),
+                rows=result.rows,
+                bytes=size,
+                seconds=round(time.monotonic() - started, 4),
+                head=self.head,
             )
             ack = pb.SubscriberMessage()
             ack.ack.level = self.level

@@ -18,7 +18,7 @@ class ControlService(rpc.SubscriberControlServicer):
         self.server_name = server_name
         self.runners = runners
 
-    async def Status(  # noqa: N802 - gRPC method name
+    async def Status(
         self,
         request: pb.StatusRequest,
         context: grpc.aio.ServicerContext[pb.StatusRequest, pb.StatusResponse],
@@ -44,7 +44,7 @@ class ControlService(rpc.SubscriberControlServicer):
         assert runner is not None
         return [runner]
 
-    async def Pause(  # noqa: N802
+    async def Pause(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
@@ -54,7 +54,7 @@ class ControlService(rpc.SubscriberControlServicer):
             r.pause()
         return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
 
-    async def Resume(  # noqa: N802
+    async def Resume(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
@@ -64,7 +64,7 @@ class ControlService(rpc.SubscriberControlServicer):
             r.resume()
         return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
 
-    async def Reconnect(  # noqa: N802
+    async def Reconnect(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],

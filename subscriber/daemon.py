@@ -13,6 +13,7 @@ session and the server stop.  A second signal forces exit.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -23,6 +24,9 @@ from subscriber.apply import Applier, SparkSettings, SqliteWriter, create_spark_
 from subscriber.config import SubscriberConfig
 from subscriber.connection import SubscriptionRunner
 from subscriber.control import ControlService
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 __all__ = ["Subscriber", "run"]
 
@@ -35,7 +39,7 @@ class Subscriber:
         self.stop_event = asyncio.Event()
         self.notifier = Notifier()
         self.runners: dict[str, SubscriptionRunner] = {}
-        self.spark = None
+        self.spark: SparkSession | None = None
 
     def open(self) -> None:
         cfg = self.config
@@ -73,7 +77,9 @@ class Subscriber:
         tasks = [asyncio.create_task(r.run(), name=f"sub-{n}") for n, r in self.runners.items()]
         write_atomic(cfg.data_path / "subscriber.addr", endpoint.address + "\n")
         log.info(
-            "subscriber ready", server=cfg.server_name, control=endpoint.address,
+            "subscriber ready",
+            server=cfg.server_name,
+            control=endpoint.address,
             subscriptions={n: r.level for n, r in self.runners.items()},
         )
         self.notifier.ready(f"control on {endpoint.address}")

@@ -49,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.monotonic()
         run_sqlite(src, w1.transactions(args.backlog))
-        say(f"wrote {args.backlog} transactions with no subscriber running "
-            f"({args.backlog / (time.monotonic() - t0):.0f} txn/s)")
+        say(
+            f"wrote {args.backlog} transactions with no subscriber running "
+            f"({args.backlog / (time.monotonic() - t0):.0f} txn/s)"
+        )
         wait_until(lambda: pair.head() > 0, 30, "the publisher to capture")
         say(f"publication 'shop' head: {pair.head()} entries")
 

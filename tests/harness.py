@@ -45,9 +45,7 @@ def to_toml(data: dict[str, Any]) -> str:
     lines: list[str] = []
     tables: list[tuple[str, Any]] = []
     for k, v in data.items():
-        if isinstance(v, dict):
-            tables.append((k, v))
-        elif isinstance(v, list) and v and isinstance(v[0], dict):
+        if isinstance(v, dict) or (isinstance(v, list) and v and isinstance(v[0], dict)):
             tables.append((k, v))
         else:
             lines.append(f"{k} = {_toml_value(v)}")

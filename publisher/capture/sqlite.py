@@ -107,7 +107,7 @@ class SqliteCapture:
         self._conn = sqlite3.connect(
             str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
         )
-        self._conn.execute("PRAGMA busy_timeout = %d" % int(busy_timeout_s * 1000))
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         self._conn.executescript(_SETUP)
         self._schemas: dict[str, pb.TableSchema] = {}
         self._types: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
@@ -130,7 +130,7 @@ class SqliteCapture:
             ctype, prec, scale = parse_declared_type(decl or "")
             schema.columns.add(
                 name=name,
-                type=ctype,  # type: ignore[arg-type]
+                type=ctype,
                 precision=prec,
                 scale=scale,
                 nullable=not notnull and not pkpos,
@@ -148,8 +148,8 @@ class SqliteCapture:
 
     def _remember(self, schema: pb.TableSchema) -> None:
         self._schemas[schema.table] = schema
-        cols = [(c.type, c.scale) for c in schema.columns]
-        by_name = {c.name: (c.type, c.scale) for c in schema.columns}
+        cols = [(int(c.type), c.scale) for c in schema.columns]
+        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
         self._types[schema.table] = (cols, [by_name[k] for k in schema.primary_key])
 
     # -- installation -----------------------------------------------------------

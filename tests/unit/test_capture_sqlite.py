@@ -50,9 +50,7 @@ def test_parse_sql_literal_round_trips_quote(tmp_path: Path) -> None:
 def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -> None:
     """Existing rows come first (after the schema), then later changes, all exact."""
     src = _source(tmp_path)
-    src.execute(
-        "INSERT INTO t VALUES (1, 'a', 12.5, 0.1, x'00ff', 1, '2024-02-29')"
-    )
+    src.execute("INSERT INTO t VALUES (1, 'a', 12.5, 0.1, x'00ff', 1, '2024-02-29')")
     cap = SqliteCapture(tmp_path / "src.db")
     assert cap.install("p", "inc-1", ["t"]) == ["t"]
     src.execute("BEGIN")
@@ -76,10 +74,16 @@ def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -
     import datetime as dt
 
     assert _rows(entry) == [
-        ("ROW_OP_INSERT", [], [1, "a", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True,
-                               dt.date(2024, 2, 29)]),
-        ("ROW_OP_UPDATE", [1], [2, "b", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True,
-                                dt.date(2024, 2, 29)]),
+        (
+            "ROW_OP_INSERT",
+            [],
+            [1, "a", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
+        ),
+        (
+            "ROW_OP_UPDATE",
+            [1],
+            [2, "b", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
+        ),
         ("ROW_OP_INSERT", [], [3, "c", decimal.Decimal("7.00"), 2.5, None, False, None]),
         ("ROW_OP_DELETE", [3], []),
     ]
@@ -98,11 +102,13 @@ def test_rows_before_installation_and_other_publications_are_excluded(tmp_path: 
     inst = cap.installed()
     e1, _ = cap.build_entry("p1", rows, 0, inst["p1"])
     e2, _ = cap.build_entry("p2", rows, 0, inst["p2"])
-    assert e1 is not None and e2 is not None
+    assert e1 is not None
+    assert e2 is not None
     ids1 = [r[2][0] for r in _rows(e1)]
     ids2 = [r[2][0] for r in _rows(e2)]
     assert ids1 == [1, 2, 3]
-    assert sorted(ids2[:2]) == [1, 2] and ids2[2:] == [3]
+    assert sorted(ids2[:2]) == [1, 2]
+    assert ids2[2:] == [3]
 
 
 def test_reinstall_same_incarnation_adds_nothing_new_incarnation_snapshots_again(
@@ -131,7 +137,7 @@ def test_table_without_primary_key_is_refused_by_name(tmp_path: Path) -> None:
     src = _source(tmp_path)
     src.execute("CREATE TABLE nokey(a, b)")
     cap = SqliteCapture(tmp_path / "src.db")
-    with pytest.raises(SourceError, match="'nokey'.*no PRIMARY KEY"):
+    with pytest.raises(SourceError, match=r"'nokey'.*no PRIMARY KEY"):
         cap.install("p", "i", ["nokey"])
     # nothing was installed: the transaction rolled back
     assert cap.installed() == {}

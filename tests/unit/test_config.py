@@ -55,10 +55,16 @@ def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> 
         (PUB + "\nbogus = 1\n", "bogus", "unknown key"),
         (PUB.replace('listen = "127.0.0.1:7400"', 'listen = "nowhere"'), "", "not host:port"),
         (PUB + "\n[log]\nfsync = 'sometimes'\n", "log.fsync", "'sometimes' is not allowed"),
-        (PUB.replace('name = "shop"', 'name = "shop"\nmax_delta = -1'), "publication[0]",
-         "max_delta must be positive"),
-        (PUB.replace('name = "shop"', 'name = "shop"\nqueue_threshold = "many"'),
-         "publication[0].queue_threshold", "expected an integer"),
+        (
+            PUB.replace('name = "shop"', 'name = "shop"\nmax_delta = -1'),
+            "publication[0]",
+            "max_delta must be positive",
+        ),
+        (
+            PUB.replace('name = "shop"', 'name = "shop"\nqueue_threshold = "many"'),
+            "publication[0].queue_threshold",
+            "expected an integer",
+        ),
         (PUB.replace('server_name = "pub1"', ""), "server_name", "required key is missing"),
     ],
 )
