@@ -1,0 +1,243 @@
+"""On-disk format of a publication log, byte by byte.
+
+Everything below is the contract; the code in this package follows it.  All integers
+are unsigned and big-endian.  "CRC" is CRC-32 (IEEE 802.3, the polynomial of zlib and
+gzip), computed with :func:`zlib.crc32`; CRC-32C would be preferable on hardware that
+accelerates it, but no CRC-32C implementation ships with the project's dependencies.
+
+Directory layout
+================
+
+One directory per publication::
+
+    <dir>/
+      INCARNATION                    the incarnation id (see below)
+      LOCK                           empty; flock()ed exclusively while a process has the log open
+      00000000000000000001.seg       segment whose first seq is 1
+      00000000000000000001.idx       index of that segment: a cache, never the truth
+      00000000000000052117.seg       next segment: first seq 52117 (= previous last seq + 1)
+      00000000000000052117.seg.torn-1048576
+                                     bytes cut from a torn tail at recovery, kept for forensics
+      *.tmp                          a small file being written; deleted when the log is opened
+
+Segment names are the first seq as exactly 20 decimal digits (enough for 2**64 - 1) and
+the suffix ``.seg``, so a lexical sort of the names is a numeric sort.  Segments are
+contiguous: a segment's first seq is the previous segment's last seq plus one.  Only the
+last segment is ever appended to; retention deletes whole segments, oldest first, and
+never the last segment.
+
+Small metadata files (INCARNATION, indexes, new segments' headers) are written as
+``<name>.tmp``, fsynced, renamed over ``<name>``, and then the directory is fsynced.
+
+INCARNATION
+===========
+
+36 ASCII bytes: a UUID4 in canonical lowercase form (``8-4-4-4-12`` hex digits), then
+one ``\\n``.  37 bytes in all.  Created together with the directory (after the first
+segment), never changed.  A directory with segments holding records but no INCARNATION,
+or with an INCARNATION but no segment, is corrupt.
+
+Segment file
+============
+
+A 16-byte segment header, then zero or more records back to back::
+
+    offset  size  field
+    0       4     magic  b"TXLS"
+    4       1     format version, 1
+    5       3     reserved, zero
+    8       8     first seq of the segment (must equal the seq in the file name)
+
+A new segment is written whole (header only) as a temp file, fsynced, renamed into
+place and the directory fsynced, so a segment's header is never torn.
+
+Record
+======
+
+A 20-byte record header, then the payload::
+
+    offset  size  field
+    0       4     magic  b"TXRE"
+    4       4     payload length L in bytes (at most MAX_PAYLOAD)
+    8       8     seq
+    16      4     CRC over bytes 0..15 of this header followed by the L payload bytes
+    20      L     payload: the entry exactly as appended (opaque bytes)
+
+The record is the unit of durability and of integrity: a reader checks magic, length,
+seq (the expected one: first seq of the segment + position) and CRC of every record it
+returns, and raises CorruptLogError(path, offset) rather than return a damaged entry.
+
+Torn tail versus corruption
+===========================
+
+Scanning a segment stops at the first offset X where a record is invalid (short
+header, bad magic, length past the end of the file, wrong seq, CRC mismatch).
+
+* In the last segment, if no valid record (magic, length within the file and CRC all
+  good) starts anywhere after X, the bytes X..end are a torn tail: an append that did
+  not complete before a crash.  They are copied to ``<segment>.torn-<X>`` (fsynced), the
+  segment is truncated to X, and a warning names the byte range.
+* Otherwise (damage in any segment but the last, or a valid record after the damage)
+  the log is corrupt: opening raises CorruptLogError naming the file and offset X.
+
+A single flipped bit inside the very last record is indistinguishable from a torn
+append and is therefore treated as one (and kept aside in the ``.torn-`` file).
+
+Index file (a cache)
+====================
+
+``<first seq>.idx`` next to each segment that is no longer appended to.  It records the
+byte offset of every INDEX_INTERVAL-th record, so that a read finds its starting point
+without scanning::
+
+    offset  size  field
+    0       4     magic  b"TXIX"
+    4       1     format version, 1
+    5       3     reserved, zero
+    8       8     first seq of the segment
+    16      8     record count N of the segment
+    24      8     size in bytes of the segment file it describes
+    32      4     interval K
+    36      4     number M of offsets, = ceil(N / K)
+    40      8*M   offset of the record with seq first + i*K, for i in 0..M-1
+    40+8*M  4     CRC over all preceding bytes of the file
+
+The index is only a cache: when it is missing, fails its CRC, or disagrees with the
+segment (first seq, size, interval), it is ignored, rebuilt by scanning the segment,
+and rewritten.  Deleting every ``.idx`` file is always safe.
+"""
+
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+SEGMENT_SUFFIX: Final = ".seg"
+INDEX_SUFFIX: Final = ".idx"
+TMP_SUFFIX: Final = ".tmp"
+TORN_INFIX: Final = ".torn-"
+INCARNATION_NAME: Final = "INCARNATION"
+LOCK_NAME: Final = "LOCK"
+SEQ_DIGITS: Final = 20
+
+SEGMENT_MAGIC: Final = b"TXLS"
+RECORD_MAGIC: Final = b"TXRE"
+INDEX_MAGIC: Final = b"TXIX"
+FORMAT_VERSION: Final = 1
+
+SEGMENT_HEADER = struct.Struct(">4sB3xQ")
+SEGMENT_HEADER_SIZE: Final = SEGMENT_HEADER.size  # 16
+RECORD_PREFIX = struct.Struct(">4sIQ")  # the CRC-covered part of the record header
+RECORD_HEADER = struct.Struct(">4sIQI")
+RECORD_HEADER_SIZE: Final = RECORD_HEADER.size  # 20
+CRC = struct.Struct(">I")
+INDEX_HEADER = struct.Struct(">4sB3xQQQII")
+INDEX_HEADER_SIZE: Final = INDEX_HEADER.size  # 40
+
+MAX_PAYLOAD: Final = 1 << 30
+INDEX_INTERVAL: Final = 32
+
+assert SEGMENT_HEADER_SIZE == 16
+assert RECORD_HEADER_SIZE == 20
+assert INDEX_HEADER_SIZE == 40
+
+
+def segment_name(first_seq: int) -> str:
+    """Return the file name of the segment whose first seq is ``first_seq``."""
+    return f"{first_seq:0{SEQ_DIGITS}d}{SEGMENT_SUFFIX}"
+
+
+def index_name(first_seq: int) -> str:
+    """Return the file name of the index of the segment whose first seq is ``first_seq``."""
+    return f"{first_seq:0{SEQ_DIGITS}d}{INDEX_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Return the first seq encoded in a segment file name, or None if it is not one."""
+    if len(name) != SEQ_DIGITS + len(SEGMENT_SUFFIX) or not name.endswith(SEGMENT_SUFFIX):
+        return None
+    digits = name[:SEQ_DIGITS]
+    if not digits.isascii() or not digits.isdigit():
+        return None
+    seq = int(digits)
+    return seq if seq >= 1 else None
+
+
+def encode_segment_header(first_seq: int) -> bytes:
+    """Return the 16-byte header of a segment starting at ``first_seq``."""
+    return SEGMENT_HEADER.pack(SEGMENT_MAGIC, FORMAT_VERSION, first_seq)
+
+
+def decode_segment_header(data: bytes) -> int | None:
+    """Return the first seq of a segment header, or None if the header is invalid."""
+    if len(data) < SEGMENT_HEADER_SIZE:
+        return None
+    magic, version, first_seq = SEGMENT_HEADER.unpack_from(data, 0)
+    if magic != SEGMENT_MAGIC or version != FORMAT_VERSION or first_seq < 1:
+        return None
+    return int(first_seq)
+
+
+def record_crc(prefix: bytes, payload: bytes) -> int:
+    """Return the CRC of a record: its 16-byte header prefix, then its payload."""
+    return zlib.crc32(payload, zlib.crc32(prefix))
+
+
+def encode_record(seq: int, payload: bytes) -> bytes:
+    """Return one framed record (header and payload)."""
+    if len(payload) > MAX_PAYLOAD:
+        raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    prefix = RECORD_PREFIX.pack(RECORD_MAGIC, len(payload), seq)
+    return b"".join((prefix, CRC.pack(record_crc(prefix, payload)), payload))
+
+
+def encode_records(first_seq: int, payloads: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """Frame consecutive records from ``first_seq``.
+
+    Returns the bytes to write and the start offset of each record within them.
+    """
+    parts: list[bytes] = []
+    starts: list[int] = []
+    pos = 0
+    pack_prefix = RECORD_PREFIX.pack
+    pack_crc = CRC.pack
+    crc32 = zlib.crc32
+    for i, payload in enumerate(payloads):
+        n = len(payload)
+        if n > MAX_PAYLOAD:
+            raise ValueError(f"payload of {n} bytes exceeds {MAX_PAYLOAD}")
+        prefix = pack_prefix(RECORD_MAGIC, n, first_seq + i)
+        parts.append(prefix)
+        parts.append(pack_crc(crc32(payload, crc32(prefix))))
+        parts.append(payload)
+        starts.append(pos)
+        pos += RECORD_HEADER_SIZE + n
+    return b"".join(parts), starts
+
+
+@dataclass(frozen=True, slots=True)
+class RecordHeader:
+    """A decoded record header (not yet checked against its payload)."""
+
+    length: int
+    seq: int
+    crc: int
+
+
+def decode_record_header(buf: bytes | mmap.mmap, offset: int) -> RecordHeader | None:
+    """Decode the record header at ``offset``; None if short or the magic is wrong."""
+    if offset + RECORD_HEADER_SIZE > len(buf):
+        return None
+    magic, length, seq, crc = RECORD_HEADER.unpack_from(buf, offset)
+    if magic != RECORD_MAGIC or length > MAX_PAYLOAD:
+        return None
+    return RecordHeader(length, seq, crc)
+
+
+def encode_incarnation(incarnation: str) -> bytes:
+    """Return the content of the INCARNATION file."""
+    return incarnation.encode("ascii") + b"\n"

@@ -1,0 +1,631 @@
+"""The Log: opening and recovery, group-committed appends, reads, listeners, retention."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import os
+import threading
+import time
+import uuid
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import structlog
+
+from ._framing import (
+    INCARNATION_NAME,
+    INDEX_SUFFIX,
+    LOCK_NAME,
+    TMP_SUFFIX,
+    encode_incarnation,
+    encode_records,
+    index_name,
+    parse_segment_name,
+)
+from ._fsutil import atomic_write, fsync_dir, write_all
+from ._index import load_index
+from ._segment import Segment, create_segment, recover_segment
+from .errors import (
+    CorruptLogError,
+    LogClosedError,
+    LogError,
+    LogFailedError,
+    LogLockedError,
+    PurgedError,
+)
+
+logger = structlog.get_logger(__name__)
+
+FsyncPolicy = Literal["always", "interval"]
+Listener = Callable[[int], None]
+
+
+class Log:
+    """A per-publication, append-only, segmented log of opaque entries.
+
+    Thread-safe.  One lock guards the writer state (active segment, seq counters) and
+    the list of segments; fsync runs outside it, so appenders that arrive while an
+    fsync is running write their records and then share the next fsync (group commit).
+    Readers take a snapshot under the lock and read through per-segment mmaps.
+
+    Use :func:`open_log` to get one.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        incarnation: str,
+        segments: list[Segment],
+        lock_fd: int,
+        fsync: FsyncPolicy,
+        fsync_interval_ms: int,
+        segment_bytes: int,
+    ) -> None:
+        self.directory = directory
+        self.incarnation = incarnation
+        self._fsync_policy: FsyncPolicy = fsync
+        self._fsync_interval = fsync_interval_ms / 1000.0
+        self._segment_bytes = segment_bytes
+        self._lock_fd = lock_fd
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Copy-on-write: replaced (never mutated) when segments are added or purged.
+        self._segments: tuple[Segment, ...] = tuple(segments)
+        self._firsts: tuple[int, ...] = tuple(s.first_seq for s in segments)
+        active = segments[-1]
+        self._active = active
+        self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        self._written = active.last_seq
+        self._head = active.last_seq
+        self._syncing = False
+        self._failed: BaseException | None = None
+        self._closed = False
+        self._listeners: tuple[Listener, ...] = ()
+        #: Called with the fd just before each data fsync (tests count group commits).
+        self.fsync_hook: Callable[[int], None] | None = None
+        self._flusher: threading.Thread | None = None
+        self._stop_flusher = threading.Event()
+        if fsync == "interval":
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"log-flush-{directory.name}", daemon=True
+            )
+            self._flusher.start()
+
+    # -- state ----------------------------------------------------------------
+
+    @property
+    def head(self) -> int:
+        """The last durable seq; 0 when nothing was ever appended."""
+        return self._head
+
+    @property
+    def first_seq(self) -> int:
+        """The lowest retained seq; ``head + 1`` when the log holds no entry."""
+        with self._lock:
+            return self._first_seq_locked()
+
+    def _first_seq_locked(self) -> int:
+        first = self._segments[0].first_seq
+        return first if first <= self._head else self._head + 1
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes of segment files (including data written but not yet durable)."""
+        with self._lock:
+            return sum(s.size for s in self._segments)
+
+    @property
+    def closed(self) -> bool:
+        """True after :meth:`close`."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<Log {self.directory} head={self._head} incarnation={self.incarnation}>"
+
+    def __enter__(self) -> Log:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- append ---------------------------------------------------------------
+
+    def append(self, payloads: Sequence[bytes]) -> int:
+        """Append entries; return the seq of the first one (the rest follow consecutively).
+
+        Under ``fsync="always"`` returns once the entries are durable (fsynced, shared
+        with concurrent appenders).  Under ``"interval"`` returns once they are written
+        to the OS; they become durable, and visible to readers and listeners, at the
+        next periodic fsync (see :meth:`flush`).
+        """
+        if not payloads:
+            raise ValueError("append needs at least one entry")
+        with self._lock:
+            self._check_writable()
+            if self._active.size >= self._segment_bytes and self._active.count > 0:
+                self._roll_locked()
+            seg = self._active
+            first = self._written + 1
+            data, starts = encode_records(first, payloads)
+            base = seg.size
+            try:
+                write_all(self._fd, data)
+            except OSError as exc:
+                self._fail_locked(exc)
+                raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
+            seg.note_written(first, base, starts, len(data))
+            self._written = last = first + len(payloads) - 1
+            if self._fsync_policy == "always":
+                self._wait_durable_locked(last)
+        return first
+
+    def flush(self) -> int:
+        """Make everything appended so far durable now; return the head."""
+        with self._lock:
+            self._check_writable()
+            self._wait_durable_locked(self._written)
+            return self._head
+
+    def _wait_durable_locked(self, seq: int) -> None:
+        """Block (holding the lock on entry and exit) until ``seq`` is durable.
+
+        The first waiter to find no fsync running becomes the leader: it fsyncs
+        everything written so far, outside the lock, then publishes the new head.
+        Others wait; those whose records were written during the leader's fsync are
+        covered by the next leader.
+        """
+        while self._head < seq:
+            if self._failed is not None:
+                raise LogFailedError("an earlier write or fsync failed", self.directory)
+            if self._closed:
+                raise LogClosedError("log closed while appending", self.directory)
+            if self._syncing:
+                self._cond.wait()
+                continue
+            self._sync_round_locked()
+
+    def _sync_round_locked(self) -> None:
+        """Run one fsync as the leader (lock held on entry and exit)."""
+        self._syncing = True
+        try:
+            seg = self._active
+            fd = self._fd
+            target = self._written
+            target_size = seg.size
+            target_count = seg.count
+            error: OSError | None = None
+            self._lock.release()
+            try:
+                hook = self.fsync_hook
+                if hook is not None:
+                    hook(fd)
+                os.fdatasync(fd)
+            except OSError as exc:
+                error = exc
+            finally:
+                self._lock.acquire()
+            if error is not None:
+                self._fail_locked(error)
+                raise LogFailedError(f"fsync failed: {error}", seg.path) from error
+            if target > self._head:
+                seg.durable_count = max(seg.durable_count, target_count)
+                seg.durable_size = max(seg.durable_size, target_size)
+                self._head = target
+                listeners = self._listeners
+                if listeners:
+                    # Notify outside the lock but still as the leader, so listeners see
+                    # heads in increasing order.
+                    self._lock.release()
+                    try:
+                        self._notify(listeners, target)
+                    finally:
+                        self._lock.acquire()
+        finally:
+            self._syncing = False
+            self._cond.notify_all()
+
+    @staticmethod
+    def _notify(listeners: tuple[Listener, ...], head: int) -> None:
+        for cb in listeners:
+            try:
+                cb(head)
+            except Exception:
+                logger.exception("log listener failed", head=head)
+
+    def _roll_locked(self) -> None:
+        """Seal the active segment (durably, with its index) and start the next one."""
+        while self._syncing:
+            self._cond.wait()
+        self._check_writable()
+        old = self._active
+        try:
+            if self._head < self._written:
+                self._sync_round_locked()
+            self._check_writable()
+            os.close(self._fd)
+            self._fd = -1
+            try:
+                old.save_index()
+            except OSError as exc:  # the index is a cache: losing it costs a scan
+                logger.warning("log index not written", path=str(old.index_path), error=str(exc))
+            new = create_segment(self.directory, old.last_seq + 1)
+            self._fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            self._fail_locked(exc)
+            raise LogFailedError(f"cannot start a new segment: {exc}", self.directory) from exc
+        self._active = new
+        self._segments = (*self._segments, new)
+        self._firsts = (*self._firsts, new.first_seq)
+
+    def _fail_locked(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+            logger.error(
+                "log failed; reopen required", directory=str(self.directory), error=str(exc)
+            )
+        self._cond.notify_all()
+
+    def _check_writable(self) -> None:
+        if self._closed:
+            raise LogClosedError("log is closed", self.directory)
+        if self._failed is not None:
+            raise LogFailedError(f"log failed earlier: {self._failed}", self.directory)
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flusher.wait(self._fsync_interval):
+            with self._lock:
+                if self._closed or self._failed is not None:
+                    return
+                if self._head < self._written and not self._syncing:
+                    try:
+                        self._sync_round_locked()
+                    except LogError:
+                        return
+
+    # -- read -----------------------------------------------------------------
+
+    def read(
+        self, from_seq: int, *, max_entries: int = 1000, max_bytes: int = 4 << 20
+    ) -> list[bytes]:
+        """Return the stored payloads of consecutive entries from ``from_seq``.
+
+        At least one entry when ``from_seq <= head`` (even one larger than
+        ``max_bytes``); ``[]`` when ``from_seq > head``.  Raises PurgedError below
+        ``first_seq`` and CorruptLogError rather than return a damaged entry.
+        """
+        if max_entries < 1:
+            raise ValueError("max_entries must be at least 1")
+        with self._lock:
+            if self._closed:
+                raise LogClosedError("log is closed", self.directory)
+            head = self._head
+            segments = self._segments
+            firsts = self._firsts
+            first_seq = self._first_seq_locked()
+            # Durable extents of the active segment, consistent with head.
+            extents = [(s.durable_last_seq, s.durable_size) for s in segments]
+        if from_seq > head:
+            return []
+        if from_seq < first_seq:
+            raise PurgedError(self.directory, from_seq, first_seq)
+        out: list[bytes] = []
+        total = 0
+        i = bisect_right(firsts, from_seq) - 1
+        seq = from_seq
+        while i < len(segments) and seq <= head and len(out) < max_entries:
+            last, limit = extents[i]
+            if seq <= last:
+                try:
+                    total = segments[i].read(
+                        seq, min(last, head), limit, max_entries, max_bytes, out, total
+                    )
+                except (OSError, ValueError) as exc:
+                    raise CorruptLogError(f"cannot read segment: {exc}", segments[i].path) from exc
+                seq = from_seq + len(out)
+                if seq <= last:  # stopped by a limit inside this segment
+                    break
+            i += 1
+        return out
+
+    # -- listeners ------------------------------------------------------------
+
+    def add_listener(self, cb: Listener) -> Callable[[], None]:
+        """Call ``cb(new_head)`` after each durable append (on the appending thread).
+
+        Returns a function that removes the listener.  Callbacks must be quick and
+        must not append to this log.
+        """
+        with self._lock:
+            self._listeners = (*self._listeners, cb)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                ls = list(self._listeners)
+                for j, other in enumerate(ls):
+                    if other is cb:
+                        del ls[j]
+                        break
+                self._listeners = tuple(ls)
+
+        return unsubscribe
+
+    # The timeout parameter is part of the public API the feed codes against.
+    async def wait_for(self, seq: int, timeout: float | None = None) -> int:  # noqa: ASYNC109
+        """Return the head once it reaches ``seq``, or the current head after ``timeout``."""
+        head = self._head
+        if head >= seq:
+            return head
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[int] = loop.create_future()
+
+        def resolve(h: int) -> None:
+            if not fut.done():
+                fut.set_result(h)
+
+        def on_head(h: int) -> None:
+            if h >= seq and not fut.done():
+                try:
+                    loop.call_soon_threadsafe(resolve, h)
+                except RuntimeError:  # the loop is closed: nobody waits any more
+                    pass
+
+        unsubscribe = self.add_listener(on_head)
+        try:
+            head = self._head
+            if head >= seq:
+                return head
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except TimeoutError:
+                return self._head
+        finally:
+            unsubscribe()
+
+    # -- retention ------------------------------------------------------------
+
+    def purge(self, up_to_seq: int) -> int:
+        """Delete whole segments whose entries are all ``<= up_to_seq``.
+
+        Never deletes the segment holding the head, nor the active segment.  Returns
+        the number of entries removed.
+        """
+        with self._lock:
+            self._check_open()
+            n = 0
+            while self._can_drop_first_locked() and self._segments[1].first_seq - 1 <= up_to_seq:
+                n += self._drop_first_locked()
+        if n:
+            fsync_dir(self.directory)
+        return n
+
+    def enforce_limits(self, max_bytes: int | None, max_age_s: float | None) -> int:
+        """Purge oldest whole segments beyond a total size or age; return the new first_seq.
+
+        A segment's age is the time since its last write (its mtime).  Entries removed
+        here may still be needed by subscribers: the caller must invalidate them.
+        """
+        removed_from: int | None = None
+        removed_to = 0
+        with self._lock:
+            self._check_open()
+            now = time.time()
+            while self._can_drop_first_locked():
+                seg = self._segments[0]
+                over_size = (
+                    max_bytes is not None and sum(s.size for s in self._segments) > max_bytes
+                )
+                over_age = False
+                if max_age_s is not None:
+                    try:
+                        over_age = now - seg.path.stat().st_mtime > max_age_s
+                    except OSError:
+                        over_age = False
+                if not (over_size or over_age):
+                    break
+                if removed_from is None:
+                    removed_from = seg.first_seq
+                removed_to = seg.last_seq
+                self._drop_first_locked()
+            first = self._first_seq_locked()
+        if removed_from is not None:
+            fsync_dir(self.directory)
+            logger.warning(
+                "log retention limit purged entries",
+                directory=str(self.directory),
+                first_removed=removed_from,
+                last_removed=removed_to,
+                max_bytes=max_bytes,
+                max_age_s=max_age_s,
+            )
+        return first
+
+    def _can_drop_first_locked(self) -> bool:
+        segs = self._segments
+        if len(segs) < 2:
+            return False
+        first = segs[0]
+        # Never the segment holding head (possible when the active segment is empty).
+        return first.durable_last_seq < self._head and first.count == first.durable_count
+
+    def _drop_first_locked(self) -> int:
+        seg = self._segments[0]
+        # Oldest first, so a crash part-way leaves a contiguous log.
+        seg.path.unlink(missing_ok=True)
+        seg.index_path.unlink(missing_ok=True)
+        seg.release()
+        self._segments = self._segments[1:]
+        self._firsts = self._firsts[1:]
+        return seg.count
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LogClosedError("log is closed", self.directory)
+
+    # -- close ----------------------------------------------------------------
+
+    def close(self) -> None:
+        """Flush (best effort), write the active segment's index, and release the log."""
+        with self._lock:
+            if self._closed:
+                return
+            while self._syncing:
+                self._cond.wait()
+            if self._failed is None and self._head < self._written:
+                try:
+                    self._sync_round_locked()
+                except LogError:
+                    pass
+            self._closed = True
+            self._stop_flusher.set()
+            self._cond.notify_all()
+            fd, self._fd = self._fd, -1
+            segments = self._segments
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
+        if fd >= 0:
+            os.close(fd)
+        if self._failed is None:
+            active = segments[-1]
+            if active.count:
+                try:
+                    active.save_index()
+                except OSError:
+                    pass
+        for seg in segments:
+            seg.release()
+        os.close(self._lock_fd)
+
+
+def open_log(
+    directory: Path,
+    *,
+    fsync: FsyncPolicy = "always",
+    fsync_interval_ms: int = 10,
+    segment_bytes: int = 64 * 1024 * 1024,
+    create: bool = True,
+    verify: Literal["full", "tail"] = "full",
+) -> Log:
+    """Open (recovering) or create the log in ``directory``.
+
+    ``verify="full"`` checks every record of every segment (CRC and seq) before
+    opening; ``"tail"`` trusts valid index caches of sealed segments and scans only
+    the last segment (and sealed segments without a valid index).  Raises
+    CorruptLogError (file and offset) if damage other than a torn tail is found.
+    """
+    if fsync not in ("always", "interval"):
+        raise ValueError(f"fsync must be 'always' or 'interval', not {fsync!r}")
+    if fsync_interval_ms < 1:
+        raise ValueError("fsync_interval_ms must be at least 1")
+    if segment_bytes < 4096:
+        raise ValueError("segment_bytes must be at least 4096")
+    directory = Path(directory)
+    if not directory.is_dir():
+        if not create:
+            raise LogError("log directory does not exist", directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        fsync_dir(directory.parent)
+    lock_fd = _lock_directory(directory)
+    try:
+        segments, incarnation = _recover(directory, trust_index=verify == "tail", create=create)
+        return Log(
+            directory,
+            incarnation=incarnation,
+            segments=segments,
+            lock_fd=lock_fd,
+            fsync=fsync,
+            fsync_interval_ms=fsync_interval_ms,
+            segment_bytes=segment_bytes,
+        )
+    except BaseException:
+        os.close(lock_fd)
+        raise
+
+
+def _lock_directory(directory: Path) -> int:
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise LogLockedError("log is open in another process", directory) from exc
+    return fd
+
+
+def _recover(directory: Path, *, trust_index: bool, create: bool) -> tuple[list[Segment], str]:
+    removed = False
+    firsts: list[int] = []
+    for entry in os.scandir(directory):
+        if entry.name.endswith(TMP_SUFFIX):
+            os.unlink(entry.path)
+            removed = True
+            logger.info("log removed temp file", path=entry.path)
+            continue
+        seq = parse_segment_name(entry.name)
+        if seq is not None:
+            firsts.append(seq)
+    firsts.sort()
+    live = {index_name(f) for f in firsts}
+    for entry in os.scandir(directory):
+        if entry.name.endswith(INDEX_SUFFIX) and entry.name not in live:
+            os.unlink(entry.path)  # left by a purge interrupted by a crash
+            removed = True
+    if removed:
+        fsync_dir(directory)
+
+    inc_path = directory / INCARNATION_NAME
+    segments: list[Segment] = []
+    for i, first in enumerate(firsts):
+        last = i == len(firsts) - 1
+        seg = recover_segment(directory, first, last=last, trust_index=trust_index)
+        if segments and seg.first_seq != segments[-1].last_seq + 1:
+            raise CorruptLogError(
+                f"seq gap: previous segment ends at seq {segments[-1].last_seq}",
+                seg.path,
+                0,
+            )
+        segments.append(seg)
+    for seg in segments[:-1]:
+        if load_index(seg.index_path, seg.first_seq, seg.size) is None:
+            try:
+                seg.save_index()
+            except OSError as exc:
+                logger.warning("log index not written", path=str(seg.index_path), error=str(exc))
+
+    if inc_path.exists():
+        incarnation = _read_incarnation(inc_path)
+        if not segments:
+            raise CorruptLogError("log has an incarnation but no segment", directory)
+        return segments, incarnation
+    if any(s.count for s in segments):
+        raise CorruptLogError("log has entries but no INCARNATION file", inc_path)
+    if not create:
+        raise LogError("no log in directory (and create=False)", directory)
+    # A new log (or one whose creation a crash interrupted before any entry).
+    if not segments:
+        segments.append(create_segment(directory, 1))
+    incarnation = str(uuid.uuid4())
+    atomic_write(inc_path, encode_incarnation(incarnation))
+    logger.info("log created", directory=str(directory), incarnation=incarnation)
+    return segments, incarnation
+
+
+def _read_incarnation(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CorruptLogError(f"cannot read incarnation: {exc.strerror}", path, 0) from exc
+    try:
+        text = data.decode("ascii")
+        value = str(uuid.UUID(text.strip()))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CorruptLogError("INCARNATION is not a UUID", path, 0) from exc
+    if data != encode_incarnation(value):
+        raise CorruptLogError("INCARNATION is not in canonical form", path, 0)
+    return value
+
+
+__all__ = ["FsyncPolicy", "Listener", "Log", "open_log"]
