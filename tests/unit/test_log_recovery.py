@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import zlib
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from structlog.testing import capture_logs
@@ -299,7 +300,7 @@ def test_temp_files_and_orphan_indexes_are_removed(tmp_path: Path):
 
 @pytest.mark.parametrize("damage", ["missing", "garbage", "stale", "truncated"])
 @pytest.mark.parametrize("verify", ["full", "tail"])
-def test_index_is_only_a_cache(tmp_path: Path, damage: str, verify: str):
+def test_index_is_only_a_cache(tmp_path: Path, damage: str, verify: Literal["full", "tail"]):
     """Missing, garbage, stale or truncated index files are rebuilt; reads stay right."""
     d = tmp_path / "pub"
     segs = make_log(d, 300)
