@@ -60,7 +60,7 @@ INVALID_PREFIX = "subscriber is invalid"
 CUT_PREFIX = "feed cut"
 
 
-@dataclass
+@dataclass(eq=False)
 class Feed:
     publication: Publication
     subscriber: str
