@@ -177,7 +177,10 @@ def decode_segment_header(data: bytes) -> int | None:
     if len(data) < SEGMENT_HEADER_SIZE:
         return None
     magic, version, first_seq = SEGMENT_HEADER.unpack_from(data, 0)
-    if magic != SEGMENT_MAGIC or version != FORMAT_VERSION or first_seq < 1:
+    reserved = data[5:8]
+    if magic != SEGMENT_MAGIC or version != FORMAT_VERSION or reserved != b"\0\0\0":
+        return None
+    if first_seq < 1:
         return None
     return int(first_seq)
 

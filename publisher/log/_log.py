@@ -82,8 +82,16 @@ class Log:
         self._written = active.last_seq
         self._head = active.last_seq
         self._syncing = False
+        # Framed records appended under "always" and not yet written (see append()).
+        self._pending: list[bytes] = []
+        # Group commit: appenders wait on the condition of the round carrying their
+        # records, so a round's end wakes only them (plus one to lead the next round).
+        self._inflight = threading.Condition(self._lock)
+        self._inflight_target = 0
+        self._next_round = threading.Condition(self._lock)
         self._failed: BaseException | None = None
         self._closed = False
+        self._closing = False
         self._listeners: tuple[Listener, ...] = ()
         #: Called with the fd just before each data fsync (tests count group commits).
         self.fsync_hook: Callable[[int], None] | None = None
@@ -152,11 +160,16 @@ class Log:
             first = self._written + 1
             data, starts = encode_records(first, payloads)
             base = seg.size
-            try:
-                write_all(self._fd, data)
-            except OSError as exc:
-                self._fail_locked(exc)
-                raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
+            if self._fsync_policy == "always":
+                # Queued for the next sync leader, which writes all queued records with
+                # one write() before its fsync: no syscall while holding the lock.
+                self._pending.append(data)
+            else:
+                try:
+                    write_all(self._fd, data)
+                except OSError as exc:
+                    self._fail_locked(exc)
+                    raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
             seg.note_written(first, base, starts, len(data))
             self._written = last = first + len(payloads) - 1
             if self._fsync_policy == "always":
@@ -184,22 +197,35 @@ class Log:
             if self._closed:
                 raise LogClosedError("log closed while appending", self.directory)
             if self._syncing:
-                self._cond.wait()
+                # Wake only when the round carrying our records completes (or, for
+                # records queued after the leader took its batch, to lead the next).
+                if seq <= self._inflight_target:
+                    self._inflight.wait()
+                else:
+                    self._next_round.wait()
                 continue
             self._sync_round_locked()
 
     def _sync_round_locked(self) -> None:
         """Run one fsync as the leader (lock held on entry and exit)."""
         self._syncing = True
+        inflight = self._inflight
         try:
             seg = self._active
             fd = self._fd
             target = self._written
             target_size = seg.size
             target_count = seg.count
+            pending = self._pending
+            self._pending = []
+            inflight = self._inflight = self._next_round
+            self._next_round = threading.Condition(self._lock)
+            self._inflight_target = target
             error: OSError | None = None
             self._lock.release()
             try:
+                if pending:
+                    write_all(fd, pending[0] if len(pending) == 1 else b"".join(pending))
                 hook = self.fsync_hook
                 if hook is not None:
                     hook(fd)
@@ -210,7 +236,7 @@ class Log:
                 self._lock.acquire()
             if error is not None:
                 self._fail_locked(error)
-                raise LogFailedError(f"fsync failed: {error}", seg.path) from error
+                raise LogFailedError(f"write or fsync failed: {error}", seg.path) from error
             if target > self._head:
                 seg.durable_count = max(seg.durable_count, target_count)
                 seg.durable_size = max(seg.durable_size, target_size)
@@ -226,6 +252,8 @@ class Log:
                         self._lock.acquire()
         finally:
             self._syncing = False
+            inflight.notify_all()
+            self._next_round.notify(1)  # one of the next round's waiters leads it
             self._cond.notify_all()
 
     @staticmethod
@@ -237,15 +265,24 @@ class Log:
                 logger.exception("log listener failed", head=head)
 
     def _roll_locked(self) -> None:
-        """Seal the active segment (durably, with its index) and start the next one."""
-        while self._syncing:
-            self._cond.wait()
-        self._check_writable()
+        """Seal the active segment (durably, with its index) and start the next one.
+
+        Called with the lock held when the active segment is full.  Loops until no
+        fsync runs and nothing is pending, because the lock is released while waiting
+        or syncing and another appender may roll, or queue records, meanwhile.
+        """
+        while True:
+            self._check_writable()
+            if self._active.size < self._segment_bytes or self._active.count == 0:
+                return  # another appender rolled while we waited
+            if self._syncing:
+                self._cond.wait()
+            elif self._head < self._written:
+                self._sync_round_locked()
+            else:
+                break
         old = self._active
         try:
-            if self._head < self._written:
-                self._sync_round_locked()
-            self._check_writable()
             os.close(self._fd)
             self._fd = -1
             try:
@@ -267,10 +304,12 @@ class Log:
             logger.error(
                 "log failed; reopen required", directory=str(self.directory), error=str(exc)
             )
+        self._inflight.notify_all()
+        self._next_round.notify_all()
         self._cond.notify_all()
 
     def _check_writable(self) -> None:
-        if self._closed:
+        if self._closed or self._closing:
             raise LogClosedError("log is closed", self.directory)
         if self._failed is not None:
             raise LogFailedError(f"log failed earlier: {self._failed}", self.directory)
@@ -470,17 +509,21 @@ class Log:
     def close(self) -> None:
         """Flush (best effort), write the active segment's index, and release the log."""
         with self._lock:
-            if self._closed:
+            if self._closed or self._closing:
                 return
-            while self._syncing:
-                self._cond.wait()
-            if self._failed is None and self._head < self._written:
+            self._closing = True  # refuse new appends while the last ones are flushed
+            while self._failed is None and (self._syncing or self._head < self._written):
+                if self._syncing:
+                    self._cond.wait()
+                    continue
                 try:
                     self._sync_round_locked()
                 except LogError:
-                    pass
+                    break
             self._closed = True
             self._stop_flusher.set()
+            self._inflight.notify_all()
+            self._next_round.notify_all()
             self._cond.notify_all()
             fd, self._fd = self._fd, -1
             segments = self._segments

@@ -79,3 +79,34 @@ def test_listener_heads_increase_under_concurrency(tmp_path: Path):
             t.join()
         assert heads == sorted(set(heads))
         assert heads[-1] == 800
+
+
+def test_segment_rolls_under_concurrency_keep_records_in_their_segment(tmp_path: Path):
+    """Concurrent appenders racing segment rolls (slow fsync) leave a log that reopens
+    with every entry, each segment holding exactly its own records."""
+    import random
+
+    d = tmp_path / "pub"
+    expected: dict[int, bytes] = {}
+    lock = threading.Lock()
+    with open_log(d, segment_bytes=64 * 1024) as lg:
+
+        def worker(seed: int) -> None:
+            rng = random.Random(seed)
+            for _ in range(100):
+                batch = [rng.randbytes(rng.randint(0, 4096)) for _ in range(rng.randint(1, 32))]
+                first = lg.append(batch)
+                with lock:
+                    expected.update((first + i, p) for i, p in enumerate(batch))
+                time.sleep(0)  # let other appenders in between (widens the roll races)
+
+        ts = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for seg in lg._segments:
+            assert seg.path.stat().st_size == seg.size
+    with open_log(d) as lg:
+        got = lg.read(1, max_entries=len(expected), max_bytes=1 << 30)
+        assert got == [expected[s] for s in range(1, len(expected) + 1)]
