@@ -10,7 +10,7 @@ State machine (one feed per Sync stream)::
       ▼ send InSync(head)
     IN_SYNC: wait for new entries (no polling); send them as they become durable;
       │       Heartbeat(head) when idle for heartbeat_s
-      ├─ head - last sent > queue_threshold ──▶ CUT "queue threshold"
+      ├─ head - acked > queue_threshold ──────▶ CUT "queue threshold"
       ├─ a send blocked > send_timeout_s      ──▶ CUT "send timeout"
       └─ shutdown                             ──▶ CUT "publisher shutting down"
 
@@ -25,11 +25,17 @@ Checks on Hello, in order, each with its own status code:
   next entry purged .................... marked invalid, then as above
   head - level > max_delta ............. marked invalid, then as above
 
-The "queue" of an in-sync feed is the stretch of the log between the last entry
-sent and the head: entries wait in the log itself, so a slow feed costs no
-memory on the publisher and a cut loses nothing (the subscriber resumes from
-its level).  A cut ends the stream with ABORTED and the reason; it is counted
-and recorded in the registry.
+The "queue" of an in-sync feed is the stretch of the log between the level
+the subscriber last acknowledged and the head: committed entries it has not yet
+applied, whether they still wait in the log or sit in transport buffers (which
+HTTP/2 flow control bounds).  Entries wait in the log itself, so a slow feed
+costs no memory on the publisher and a cut loses nothing (the subscriber
+resumes from its level).  A cut ends the stream with ABORTED and the reason; it
+is counted and recorded in the registry.
+
+Max delta is checked on every sync request.  An operator's mark-valid waives
+it once: the subscriber may then catch up however far behind it is, and the
+waiver ends when its feed reaches the head.
 
 Hot path: the entries travel as the bytes stored in the log.
 """
@@ -40,8 +46,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -133,8 +139,17 @@ class FeedManager:
                 "disconnected",
                 locals().get("reason") or "stream ended",
             )
+        log.info(
+            "feed ended",
+            publication=feed.publication.name,
+            subscriber=feed.subscriber,
+            reason=reason,
+        )
         if reason:
-            await context.abort(grpc.StatusCode.ABORTED, f"{CUT_PREFIX}: {reason}")
+            # set_code + return rather than abort(): the stream has a reader task that
+            # was just cancelled, and the status must still reach the subscriber.
+            context.set_code(grpc.StatusCode.ABORTED)
+            context.set_details(f"{CUT_PREFIX}: {reason}")
 
     async def _accept(
         self,
@@ -203,7 +218,7 @@ class FeedManager:
             reason = (
                 f"its next entry {hello.level + 1} was purged (first retained: {plog.first_seq})"
             )
-        elif head - hello.level > pub.config.max_delta:
+        elif head - hello.level > pub.config.max_delta and not reg.waive_delta:
             reason = (
                 f"level {hello.level} lags head {head} by {head - hello.level} entries, "
                 f"more than max_delta {pub.config.max_delta}"
@@ -293,10 +308,10 @@ class FeedManager:
         while not self.stopping.is_set():
             head = plog.head
             if next_seq <= head:
-                if feed.state == "in_sync" and head - feed.last_sent > cfg.queue_threshold:
+                if feed.state == "in_sync" and head - feed.acked > cfg.queue_threshold:
                     return self._cut(
                         feed,
-                        f"queue threshold: {head - feed.last_sent} entries waiting "
+                        f"queue threshold: {head - feed.acked} entries not yet applied "
                         f"> {cfg.queue_threshold}",
                     )
                 try:
@@ -327,6 +342,7 @@ class FeedManager:
                 await asyncio.to_thread(
                     self.registry.set_state, pub.name, feed.subscriber, "in_sync"
                 )
+                await asyncio.to_thread(self.registry.end_waiver, pub.name, feed.subscriber)
                 log.info(
                     "feed in sync", publication=pub.name, subscriber=feed.subscriber, head=head
                 )

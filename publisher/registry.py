@@ -29,6 +29,7 @@ subscribers = sa.Table(
     sa.Column("level", sa.BigInteger, nullable=False, default=0),
     sa.Column("valid", sa.Boolean, nullable=False, default=True),
     sa.Column("invalid_reason", sa.String, nullable=False, default=""),
+    sa.Column("waive_delta", sa.Boolean, nullable=False, default=False),
     sa.Column("state", sa.String, nullable=False, default="disconnected"),
     sa.Column("connected_since", sa.Float, nullable=True),
     sa.Column("last_ack", sa.Float, nullable=True),
@@ -58,6 +59,7 @@ class SubscriberRow:
     level: int
     valid: bool
     invalid_reason: str
+    waive_delta: bool
     state: str
     connected_since: float | None
     last_ack: float | None
@@ -121,6 +123,7 @@ class Registry:
                         level=level,
                         valid=True,
                         invalid_reason="",
+                        waive_delta=False,
                         state="disconnected",
                         cuts=0,
                         last_cut_reason="",
@@ -202,11 +205,14 @@ class Registry:
         self.set_state(publication, subscriber, "invalid", reason)
 
     def mark_valid(self, publication: str, subscriber: str, level: int | None = None) -> None:
-        values: dict[str, object] = {"valid": True, "invalid_reason": ""}
+        values: dict[str, object] = {"valid": True, "invalid_reason": "", "waive_delta": True}
         if level is not None:
             values["level"] = level
         self._update(publication, subscriber, **values)
         self.set_state(publication, subscriber, "disconnected", "marked valid by an operator")
+
+    def end_waiver(self, publication: str, subscriber: str) -> None:
+        self._update(publication, subscriber, waive_delta=False)
 
     def min_valid_level(self, publication: str) -> int | None:
         with self.engine.connect() as c:
@@ -241,6 +247,7 @@ def _row(r: sa.Row[object]) -> SubscriberRow:
         level=int(m["level"]),
         valid=bool(m["valid"]),
         invalid_reason=m["invalid_reason"],
+        waive_delta=bool(m["waive_delta"]),
         state=m["state"],
         connected_since=m["connected_since"],
         last_ack=m["last_ack"],

@@ -1,0 +1,250 @@
+"""Feeds, levels and the slow-feed policy against a real publisher process over loopback gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from common.client import PublishClient, insert_op, schema_op
+from common.rpc import txrepl_pb2 as pb
+from tests.feedclient import RawSubscriber
+from tests.harness import Daemon, publication_head, publisher_admin, to_toml
+from tests.integration.test_end_to_end import LEDGER_COLUMNS, ledger_source, ledger_txns
+
+MAX_DELTA = 50
+THRESHOLD = 30
+
+
+@dataclass
+class Pub:
+    daemon: Daemon
+    address: str
+    source: Path
+
+    def head(self, publication: str = "shop") -> int:
+        return publication_head(self.address, publication)
+
+    def subscribers(self) -> dict[str, pb.SubscriberInfo]:
+        resp = publisher_admin(self.address).ListSubscribers(pb.ListSubscribersRequest())
+        return {s.subscriber: s for s in resp.subscribers}
+
+    def publish(self, publication: str, count: int, size: int = 10, start: int = 0) -> int:
+        """Publish ``count`` entries (one insert each) through the Publish RPC; returns the head."""
+        seq = 0
+        with PublishClient(self.address) as client:
+            if start == 0:
+                client.publish(
+                    publication, [schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])]
+                )
+            for i in range(start, start + count):
+                seq = client.publish(publication, [insert_op("notes", [i, "x" * size])])
+        return seq
+
+
+@pytest.fixture
+def pub(tmp_path: Path) -> Iterator[Pub]:
+    src = ledger_source(tmp_path / "source.db")
+    src.close()
+    cfg = {
+        "server_name": "pub1",
+        "listen": "127.0.0.1:0",
+        "data_dir": str(tmp_path / "publisher"),
+        "source": f"sqlite:///{tmp_path / 'source.db'}",
+        "poll_interval_ms": 2,
+        "publication": [
+            {
+                "name": "shop",
+                "tables": ["counter", "ledger"],
+                "max_delta": MAX_DELTA,
+                "queue_threshold": THRESHOLD,
+                "heartbeat_s": 0.5,
+            },
+            {
+                "name": "bulk",
+                "tables": [],
+                "queue_threshold": 1_000_000,
+                "send_timeout_s": 1.0,
+                "heartbeat_s": 0.5,
+            },
+        ],
+    }
+    path = tmp_path / "publisher.toml"
+    path.write_text(to_toml(cfg))
+    d = Daemon(
+        "publisher", path, tmp_path / "publisher" / "publisher.addr", tmp_path / "publisher.log"
+    ).start()
+    try:
+        yield Pub(d, d.address, tmp_path / "source.db")
+    finally:
+        d.stop()
+
+
+async def test_refusals_have_distinct_statuses_and_other_feeds_keep_flowing(pub: Pub) -> None:
+    """Unknown publication, wrong incarnation, ahead of head, malformed Hello: each refused clearly."""
+    pub.publish("shop", 5)
+    good = await RawSubscriber(pub.address, "good").start()
+    await good.in_sync.wait()
+    assert good.welcome is not None
+    incarnation = good.welcome.incarnation
+    head = pub.head()
+
+    async def refused(sub: RawSubscriber, first: pb.SubscriberMessage | None = None) -> tuple:
+        await sub.start(first)
+        code, details = await sub.wait_ended()
+        await sub.close()
+        return code, details
+
+    code, details = await refused(RawSubscriber(pub.address, "s1", publication="nosuch"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert "publication 'nosuch' not found" in details
+    code, details = await refused(RawSubscriber(pub.address, "s2", incarnation="not-the-id"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert incarnation in details
+    assert "not-the-id" in details
+    code, details = await refused(RawSubscriber(pub.address, "s3", level=head + 5))
+    assert code == grpc.StatusCode.OUT_OF_RANGE
+    assert f"level {head + 5} is ahead" in details
+    ack_first = pb.SubscriberMessage()
+    ack_first.ack.level = 1
+    code, details = await refused(RawSubscriber(pub.address, "s4"), ack_first)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "must be a Hello" in details
+    code, _ = await refused(RawSubscriber(pub.address, "s5", publisher="pub2"))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+    # The good feed kept flowing all along.
+    new_head = pub.publish("shop", 5, start=100)
+    await good.wait_level(new_head)
+    assert good.code is None
+    # Refused requests changed nothing in the registry.
+    assert set(pub.subscribers()) == {"good"}
+    await good.close()
+
+
+async def test_max_delta_marks_invalid_until_mark_valid(pub: Pub) -> None:
+    """A subscriber further behind than max_delta is invalid, stays refused, syncs after mark-valid."""
+    head = pub.publish("shop", MAX_DELTA + 10)
+    lagger = RawSubscriber(pub.address, "lagger")
+    await lagger.start()
+    code, details = await lagger.wait_ended()
+    await lagger.close()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert "subscriber is invalid" in details
+    assert "max_delta" in details
+    info = pub.subscribers()["lagger"]
+    assert not info.valid
+    assert info.state == "invalid"
+
+    # Refused on retries, even from a level within max_delta.
+    retry = RawSubscriber(pub.address, "lagger", level=head - 5)
+    await retry.start()
+    code, _ = await retry.wait_ended()
+    await retry.close()
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "common.cli",
+            "admin",
+            "--publisher",
+            pub.address,
+            "mark-valid",
+            "shop",
+            "lagger",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "valid" in out.stdout
+
+    again = RawSubscriber(pub.address, "lagger")
+    await again.start()
+    await again.wait_level(head)
+    await asyncio.wait_for(again.in_sync.wait(), 10)
+    assert pub.subscribers()["lagger"].valid
+    await again.close()
+
+
+async def test_in_sync_feed_that_does_not_ack_is_cut_by_queue_threshold(pub: Pub) -> None:
+    """Entries committed while an in-sync subscriber applies nothing pile up; past the threshold it is cut."""
+    pub.publish("shop", 3)
+    slow = RawSubscriber(pub.address, "slow", ack=False)
+    await slow.start()
+    await asyncio.wait_for(slow.in_sync.wait(), 10)
+    await asyncio.to_thread(pub.publish, "shop", THRESHOLD + 10, 10, 100)
+    code, details = await slow.wait_ended()
+    await slow.close()
+    assert code == grpc.StatusCode.ABORTED
+    assert "queue threshold" in details
+    info = pub.subscribers()["slow"]
+    assert info.cuts == 1
+    assert "queue threshold" in info.last_cut_reason
+    # Nothing lost: it resumes from its level.
+    resumed = RawSubscriber(pub.address, "slow", incarnation=slow.incarnation)
+    await resumed.start()
+    await resumed.wait_level(pub.head())
+    await resumed.close()
+
+
+async def test_subscriber_that_stops_reading_is_cut_by_send_timeout(pub: Pub) -> None:
+    """A feed whose sends block longer than send_timeout_s is cut with that reason."""
+    stuck = RawSubscriber(pub.address, "stuck", publication="bulk")
+    await stuck.start()
+    await asyncio.wait_for(stuck.in_sync.wait(), 10)
+    stuck.read = False
+    # 48 MiB in 1 MiB entries: far beyond what HTTP/2 flow control lets the publisher buffer.
+    await asyncio.to_thread(pub.publish, "bulk", 48, 1 << 20)
+
+    async def cut() -> None:
+        while "send timeout" not in pub.subscribers()["stuck"].last_cut_reason:
+            await asyncio.sleep(0.2)
+
+    await asyncio.wait_for(cut(), 30)
+    assert pub.subscribers()["stuck"].cuts == 1
+    await stuck.close()
+
+
+async def test_twenty_subscribers_in_sync_converge(pub: Pub) -> None:
+    """20 feeds on one publication, live traffic: every subscriber ends with the source's rows."""
+    src = ledger_source(pub.source)
+    ledger_txns(src, 1, 50)
+    subs = [RawSubscriber(pub.address, f"s{i:02d}") for i in range(20)]
+    for s in subs:
+        await s.start()
+    await asyncio.gather(*(asyncio.wait_for(s.in_sync.wait(), 30) for s in subs))
+    ledger_txns(src, 51, 300)  # blocks the loop briefly; the feeds buffer meanwhile
+
+    # Wait for capture to take everything, then for every feed to reach the head.
+    async def captured() -> None:
+        while src.execute("SELECT count(*) FROM _txrepl_capture").fetchone()[0]:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(captured(), 30)
+    head = pub.head()
+    await asyncio.gather(*(s.wait_level(head, 60) for s in subs))
+    expected = {
+        t: sorted(src.execute(f"SELECT {', '.join(c)} FROM {t}").fetchall())
+        for t, c in LEDGER_COLUMNS.items()
+    }
+    for s in subs:
+        snap = s.target.snapshot()
+        got = {t: [tuple(r[: len(c)]) for r in snap[t]] for t, c in LEDGER_COLUMNS.items()}
+        # amounts travel as exact decimals; compare as text with two places
+        for rows in (got["ledger"], expected["ledger"]):
+            rows[:] = [(r[0], r[1], f"{float(r[2]):.2f}", r[3]) for r in rows]
+        assert got == expected, s.name
+    infos = pub.subscribers()
+    assert all(infos[s.name].level == head for s in subs)
+    for s in subs:
+        await s.close()
