@@ -87,7 +87,7 @@ def pub(tmp_path: Path) -> Iterator[Pub]:
 
 
 async def test_refusals_have_distinct_statuses_and_other_feeds_keep_flowing(pub: Pub) -> None:
-    """Unknown publication, wrong incarnation, ahead of head, malformed Hello: each refused clearly."""
+    """Unknown publication, wrong incarnation, ahead of head, bad Hello: each refused clearly."""
     pub.publish("shop", 5)
     good = await RawSubscriber(pub.address, "good").start()
     await good.in_sync.wait()
@@ -129,7 +129,7 @@ async def test_refusals_have_distinct_statuses_and_other_feeds_keep_flowing(pub:
 
 
 async def test_max_delta_marks_invalid_until_mark_valid(pub: Pub) -> None:
-    """A subscriber further behind than max_delta is invalid, stays refused, syncs after mark-valid."""
+    """Beyond max_delta: invalid, refused on retries, syncs after mark-valid."""
     head = pub.publish("shop", MAX_DELTA + 10)
     lagger = RawSubscriber(pub.address, "lagger")
     await lagger.start()
@@ -177,7 +177,7 @@ async def test_max_delta_marks_invalid_until_mark_valid(pub: Pub) -> None:
 
 
 async def test_in_sync_feed_that_does_not_ack_is_cut_by_queue_threshold(pub: Pub) -> None:
-    """Entries committed while an in-sync subscriber applies nothing pile up; past the threshold it is cut."""
+    """An in-sync subscriber that applies nothing is cut once the threshold is passed."""
     pub.publish("shop", 3)
     slow = RawSubscriber(pub.address, "slow", ack=False)
     await slow.start()
