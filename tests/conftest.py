@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "tests.fixtures.spark",
+    "tests.fixtures.postgres",
 ]
