@@ -179,6 +179,11 @@ class EventBuffer:
     positions: list[int] = field(default_factory=list)
     deletes: list[bool] = field(default_factory=list)
     rows: list[Sequence[pb.Value | None]] = field(default_factory=list)
+    key_index: list[int] = field(init=False)
+
+    def __post_init__(self) -> None:
+        names = [c.name for c in self.schema.columns]
+        self.key_index = [names.index(k) for k in self.schema.primary_key]
 
     def add(self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value | None]) -> None:
         self.seqs.append(seq)

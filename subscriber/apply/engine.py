@@ -43,6 +43,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import pyarrow.compute as pc
+
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import EventBuffer, net_effect
 from subscriber.apply.errors import ApplyError, GapError, SchemaError
@@ -233,37 +235,42 @@ class Applier:
             )
 
     def _events(self, buf: EventBuffer, seq: int, pos: int, change: pb.RowChange) -> int:
-        schema = buf.schema
-        width = len(schema.columns)
-        names = [c.name for c in schema.columns]
-        key_index = [names.index(k) for k in schema.primary_key]
-
-        def bad(what: str) -> SchemaError:
-            return SchemaError(what, subscription=self.subscription, seq=seq, table=change.table)
-
-        def key_row(key: Sequence[pb.Value]) -> list[pb.Value | None]:
-            if len(key) != len(key_index):
-                raise bad(f"key has {len(key)} values, the primary key {len(key_index)}")
-            cells: list[pb.Value | None] = [None] * width
-            for idx, value in zip(key_index, key, strict=True):
-                cells[idx] = value
-            return cells
-
-        if change.op in (R.ROW_OP_INSERT, R.ROW_OP_UPDATE):
-            if len(change.row) != width:
-                raise bad(f"row has {len(change.row)} values, the table {width} columns")
-            if change.op == R.ROW_OP_UPDATE and change.key:
+        """Append the events of one row change; return the next free position."""
+        op = change.op
+        if op == R.ROW_OP_INSERT or op == R.ROW_OP_UPDATE:
+            row = change.row
+            if len(row) != len(buf.schema.columns):
+                raise self._bad(
+                    f"row has {len(row)} values, the table {len(buf.schema.columns)} columns",
+                    seq,
+                    change,
+                )
+            if op == R.ROW_OP_UPDATE and change.key:
                 old = list(change.key)
-                new = [change.row[i] for i in key_index]
-                if old != new:
-                    buf.add(seq, pos, True, key_row(old))
+                if old != [row[i] for i in buf.key_index]:
+                    buf.add(seq, pos, True, self._key_row(buf, old, seq, change))
                     pos += 1
-            buf.add(seq, pos, False, list(change.row))
+            buf.add(seq, pos, False, row)
             return pos + 1
-        if change.op == R.ROW_OP_DELETE:
-            buf.add(seq, pos, True, key_row(list(change.key)))
+        if op == R.ROW_OP_DELETE:
+            buf.add(seq, pos, True, self._key_row(buf, list(change.key), seq, change))
             return pos + 1
-        raise bad(f"unknown row op {change.op}")
+        raise self._bad(f"unknown row op {op}", seq, change)
+
+    def _bad(self, what: str, seq: int, change: pb.RowChange) -> SchemaError:
+        return SchemaError(what, subscription=self.subscription, seq=seq, table=change.table)
+
+    def _key_row(
+        self, buf: EventBuffer, key: list[pb.Value], seq: int, change: pb.RowChange
+    ) -> list[pb.Value | None]:
+        if len(key) != len(buf.key_index):
+            raise self._bad(
+                f"key has {len(key)} values, the primary key {len(buf.key_index)}", seq, change
+            )
+        cells: list[pb.Value | None] = [None] * len(buf.schema.columns)
+        for idx, value in zip(buf.key_index, key, strict=True):
+            cells[idx] = value
+        return cells
 
     def _rows_step(self, buf: EventBuffer) -> RowsStep:
         events = buf.to_arrow()
@@ -271,8 +278,6 @@ class Applier:
         key_cols = [events.column_names[3 + names.index(k)] for k in buf.schema.primary_key]
         survivors = net_effect(self._spark, events, key_cols)
         flags = survivors.column("_del")
-        import pyarrow.compute as pc
-
         deletes = survivors.filter(flags)
         upserts = survivors.filter(pc.invert(flags))
         return RowsStep(buf.schema, deletes, upserts)
