@@ -17,6 +17,25 @@ Example::
     queue_threshold = 10000             # entries queued for an in-sync feed before it is cut
     send_timeout_s = 30.0
     heartbeat_s = 5.0
+
+Operations (see docs/operations.md)::
+
+    metrics_listen = "127.0.0.1:9464"   # Prometheus /metrics; "" disables
+    allow_insecure_non_loopback = false # plaintext gRPC off loopback needs this
+
+    [tls]
+    cert_file = "tls/publisher.crt"
+    key_file = "tls/publisher.key"
+    client_ca_file = "tls/clients-ca.crt" # optional: require client certificates
+
+    [auth]
+    admin_token_hashes = ["sha256:..."]   # txrepl token hash
+    publish_token_hashes = []
+
+    [[subscriber]]
+    name = "sub1"
+    token_hash = "sha256:..."
+    publications = ["shop"]               # or ["*"]
 """
 
 from __future__ import annotations
@@ -27,8 +46,16 @@ from pathlib import Path
 from typing import Literal
 
 from common.config import load_toml, parse_address
+from common.security import ServerTls, check_hash, check_listen
 
-__all__ = ["LogSettings", "PublicationConfig", "PublisherConfig", "load_config"]
+__all__ = [
+    "AuthConfig",
+    "LogSettings",
+    "PublicationConfig",
+    "PublisherConfig",
+    "SubscriberGrant",
+    "load_config",
+]
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
 
@@ -78,6 +105,35 @@ class PublicationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AuthConfig:
+    """Hashed credentials for the Admin service and the Publish RPC."""
+
+    admin_token_hashes: list[str] = dataclasses.field(default_factory=list)
+    publish_token_hashes: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for h in (*self.admin_token_hashes, *self.publish_token_hashes):
+            check_hash(h)
+
+
+@dataclasses.dataclass(frozen=True)
+class SubscriberGrant:
+    """One subscriber allowed to sync: its token (hashed) and its publications."""
+
+    name: str
+    token_hash: str
+    publications: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,127}$", self.name):
+            raise ValueError(f"subscriber name {self.name!r} is not a valid name")
+        check_hash(self.token_hash)
+        for p in self.publications:
+            if p != "*":
+                _check_name("publication name", p)
+
+
+@dataclasses.dataclass(frozen=True)
 class PublisherConfig:
     server_name: str
     source: str
@@ -86,6 +142,11 @@ class PublisherConfig:
     poll_interval_ms: int = 5
     publication: list[PublicationConfig] = dataclasses.field(default_factory=list)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
+    metrics_listen: str = "127.0.0.1:9464"
+    allow_insecure_non_loopback: bool = False
+    tls: ServerTls = dataclasses.field(default_factory=ServerTls)
+    auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
+    subscriber: list[SubscriberGrant] = dataclasses.field(default_factory=list)
     config_dir: str = "."
 
     def __post_init__(self) -> None:
@@ -103,6 +164,41 @@ class PublisherConfig:
             )
         if self.poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be positive")
+        self._check_operations()
+
+    def _check_operations(self) -> None:
+        check_listen(
+            self.listen,
+            field="listen",
+            tls=self.tls.enabled,
+            allow_insecure=self.allow_insecure_non_loopback,
+        )
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, field="metrics_listen")
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            value = getattr(self.tls, key)
+            if value and not self.path(value).is_file():
+                raise ValueError(f"tls.{key}: {str(self.path(value))!r} is not a readable file")
+        names = [s.name for s in self.subscriber]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"subscriber names must be unique; repeated: {sorted(dup)}")
+        published = {p.name for p in self.publication}
+        for i, s in enumerate(self.subscriber):
+            unknown = [p for p in s.publications if p != "*" and p not in published]
+            if unknown:
+                raise ValueError(f"subscriber[{i}].publications: unknown publication(s) {unknown}")
+        if self.auth_enabled and not self.auth.admin_token_hashes:
+            raise ValueError(
+                "auth.admin_token_hashes: tokens are configured, so Admin calls need an admin "
+                "token; add at least one (txrepl token generate)"
+            )
+
+    @property
+    def auth_enabled(self) -> bool:
+        """Any token configured: every Sync, Publish and Admin call must then carry one."""
+        a = self.auth
+        return bool(a.admin_token_hashes or a.publish_token_hashes or self.subscriber)
 
     def path(self, value: str) -> Path:
         """Resolve a path from the config relative to the config file's directory."""

@@ -1,0 +1,424 @@
+"""Transport security and credentials shared by both daemons and the CLI.
+
+Model (see docs/operations.md):
+
+- **TLS** on every gRPC port: a server certificate and key from the config; with a
+  client CA configured the server requires and verifies client certificates
+  (mutual TLS).  Without TLS a daemon listens on loopback only, unless the config
+  says ``allow_insecure_non_loopback = true`` (:func:`check_listen`).
+- **Tokens**: each client presents a bearer token as the gRPC metadata
+  ``x-txrepl-token``.  Configs store only hashes (:func:`hash_token`):
+  ``sha256:<hex>`` (right for the long random tokens ``txrepl token generate``
+  makes) or ``pbkdf2-sha256:<iterations>:<salt hex>:<hash hex>`` (for tokens a
+  person chose).  A :class:`TokenBook` maps a presented token to a
+  :class:`Principal` (a name, a role, the publications it may use).
+- :class:`AuthInterceptor` authenticates calls by method prefix before any
+  servicer runs: no token or an unknown one → UNAUTHENTICATED, a token of the
+  wrong role → PERMISSION_DENIED.  Health checking and reflection stay open.
+
+Tokens are never logged (common.logging masks keys naming tokens) and never
+stored in clear by the daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import hmac
+import ipaddress
+import os
+import secrets
+import sys
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from common.config import parse_address
+
+__all__ = [
+    "TOKEN_METADATA",
+    "AuthInterceptor",
+    "ClientTls",
+    "Principal",
+    "ServerTls",
+    "TokenBook",
+    "add_client_args",
+    "check_hash",
+    "check_listen",
+    "client_channel",
+    "client_credentials",
+    "client_from_args",
+    "generate_token",
+    "hash_token",
+    "is_loopback",
+    "register",
+    "server_credentials",
+    "token_from_metadata",
+    "verify_token",
+]
+
+TOKEN_METADATA = "x-txrepl-token"
+PBKDF2_ITERATIONS = 200_000
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 20_000),
+]
+
+# -- token hashes --------------------------------------------------------------------
+
+
+def hash_token(token: str, scheme: str = "sha256", *, iterations: int = PBKDF2_ITERATIONS) -> str:
+    """The stored form of ``token``: ``sha256:<hex>`` or ``pbkdf2-sha256:<n>:<salt>:<hash>``."""
+    if not token:
+        raise ValueError("an empty token cannot be hashed")
+    if scheme == "sha256":
+        return "sha256:" + hashlib.sha256(token.encode()).hexdigest()
+    if scheme == "pbkdf2-sha256":
+        salt = secrets.token_bytes(16)
+        dk = hashlib.pbkdf2_hmac("sha256", token.encode(), salt, iterations)
+        return f"pbkdf2-sha256:{iterations}:{salt.hex()}:{dk.hex()}"
+    raise ValueError(f"unknown hash scheme {scheme!r}; use sha256 or pbkdf2-sha256")
+
+
+def check_hash(stored: str) -> None:
+    """Raise ValueError unless ``stored`` is a token hash this module can verify."""
+    scheme, _, rest = stored.partition(":")
+    if scheme == "sha256":
+        if len(rest) == 64 and all(c in "0123456789abcdef" for c in rest):
+            return
+    elif scheme == "pbkdf2-sha256":
+        parts = rest.split(":")
+        if len(parts) == 3 and parts[0].isdigit() and int(parts[0]) >= 1000:
+            try:
+                bytes.fromhex(parts[1])
+                bytes.fromhex(parts[2])
+                return
+            except ValueError:
+                pass
+    raise ValueError(
+        "not a token hash: use 'sha256:<64 hex digits>' or "
+        "'pbkdf2-sha256:<iterations>:<salt hex>:<hash hex>' (make one with 'txrepl token hash')"
+    )
+
+
+def verify_token(token: str, stored: str) -> bool:
+    """Constant-time check of ``token`` against its stored hash."""
+    scheme, _, rest = stored.partition(":")
+    if scheme == "sha256":
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        return hmac.compare_digest(digest, rest)
+    if scheme == "pbkdf2-sha256":
+        n, salt, want = rest.split(":")
+        dk = hashlib.pbkdf2_hmac("sha256", token.encode(), bytes.fromhex(salt), int(n))
+        return hmac.compare_digest(dk.hex(), want)
+    return False
+
+
+def generate_token() -> str:
+    """A new random token (256 bits, URL-safe text)."""
+    return "txr_" + secrets.token_urlsafe(32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Principal:
+    """Who a token belongs to: a name, a role, and what it may reach."""
+
+    name: str
+    role: str  # "admin" | "publisher" | "subscriber"
+    publications: tuple[str, ...] = ("*",)
+
+    def may_use(self, publication: str) -> bool:
+        return "*" in self.publications or publication in self.publications
+
+
+class TokenBook:
+    """Maps presented tokens to principals, checking them against stored hashes."""
+
+    def __init__(self, entries: Iterable[tuple[str, Principal]]) -> None:
+        self.entries = list(entries)
+        for stored, _ in self.entries:
+            check_hash(stored)
+        # pbkdf2 is slow on purpose: remember verdicts by the token's sha256.
+        self._cache: OrderedDict[str, Principal | None] = OrderedDict()
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.entries)
+
+    def identify(self, token: str) -> Principal | None:
+        if not token:
+            return None
+        key = hashlib.sha256(token.encode()).hexdigest()
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        found = next((p for stored, p in self.entries if verify_token(token, stored)), None)
+        self._cache[key] = found
+        while len(self._cache) > 1024:
+            self._cache.popitem(last=False)
+        return found
+
+
+def token_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str:
+    for key, value in metadata or ():
+        if key == TOKEN_METADATA:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
+# -- the server interceptor -------------------------------------------------------------
+
+
+def _denied(
+    handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """A handler of the same shape as ``handler`` that only aborts with ``code``."""
+
+    async def abort(_request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        await context.abort(code, message)
+
+    kw: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    make: Any = grpc.unary_unary_rpc_method_handler
+    if handler.request_streaming and handler.response_streaming:
+        make = grpc.stream_stream_rpc_method_handler
+    elif handler.request_streaming:
+        make = grpc.stream_unary_rpc_method_handler
+    elif handler.response_streaming:
+        make = grpc.unary_stream_rpc_method_handler
+    denied: grpc.RpcMethodHandler[Any, Any] = make(abort, **kw)
+    return denied
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Authenticates calls whose method matches a rule; ``rules``: prefix → allowed roles.
+
+    The longest matching prefix wins; methods matching no rule (health,
+    reflection) pass untouched.
+    """
+
+    def __init__(self, book: TokenBook, rules: Mapping[str, Iterable[str]]) -> None:
+        self.book = book
+        self.rules = sorted(
+            ((prefix, frozenset(roles)) for prefix, roles in rules.items()),
+            key=lambda r: -len(r[0]),
+        )
+
+    def roles_for(self, method: str) -> frozenset[str] | None:
+        return next((roles for prefix, roles in self.rules if method.startswith(prefix)), None)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        roles = self.roles_for(method)
+        if roles is None or handler is None:
+            return handler
+        token = token_from_metadata(handler_call_details.invocation_metadata)
+        if not token:
+            return _denied(
+                handler,
+                grpc.StatusCode.UNAUTHENTICATED,
+                f"{method} needs a token: send it as gRPC metadata '{TOKEN_METADATA}'",
+            )
+        principal = self.book.identify(token)
+        if principal is None:
+            return _denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked token")
+        if principal.role not in roles:
+            return _denied(
+                handler,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} needs a {' or '.join(sorted(roles))} token; "
+                f"this one is a {principal.role} token ({principal.name})",
+            )
+        return handler
+
+
+# -- TLS --------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerTls:
+    """``[tls]`` of a daemon: its certificate chain and key; a client CA makes it mutual."""
+
+    cert_file: str = ""
+    key_file: str = ""
+    client_ca_file: str = ""  # set: clients must present a certificate signed by this CA
+
+    def __post_init__(self) -> None:
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("tls: cert_file and key_file go together")
+        if self.client_ca_file and not self.cert_file:
+            raise ValueError("tls: client_ca_file needs cert_file and key_file")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.cert_file)
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what} {str(path)!r}: {e.strerror or e}") from None
+
+
+def server_credentials(
+    tls: ServerTls, resolve: Callable[[str], Path] = Path
+) -> grpc.ServerCredentials | None:
+    """Server credentials for ``tls`` (None when TLS is off); paths go through ``resolve``."""
+    if not tls.enabled:
+        return None
+    key = _read(resolve(tls.key_file), "tls.key_file")
+    cert = _read(resolve(tls.cert_file), "tls.cert_file")
+    if tls.client_ca_file:
+        ca = _read(resolve(tls.client_ca_file), "tls.client_ca_file")
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=ca, require_client_auth=True
+        )
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientTls:
+    """How a client reaches a TLS server: CA (default: system roots), optional client cert."""
+
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    server_name: str = ""  # override the name checked against the certificate
+
+
+def client_credentials(
+    tls: ClientTls, resolve: Callable[[str], Path] = Path
+) -> grpc.ChannelCredentials:
+    ca = _read(resolve(tls.ca_file), "ca_file") if tls.ca_file else None
+    key = _read(resolve(tls.key_file), "key_file") if tls.key_file else None
+    cert = _read(resolve(tls.cert_file), "cert_file") if tls.cert_file else None
+    return grpc.ssl_channel_credentials(
+        root_certificates=ca, private_key=key, certificate_chain=cert
+    )
+
+
+def _options(tls: ClientTls | None) -> list[tuple[str, Any]]:
+    options: list[tuple[str, Any]] = list(CHANNEL_OPTIONS)
+    if tls is not None and tls.server_name:
+        options.append(("grpc.ssl_target_name_override", tls.server_name))
+    return options
+
+
+def client_channel(
+    address: str, tls: ClientTls | None, resolve: Callable[[str], Path] = Path
+) -> grpc.Channel:
+    """A blocking channel (CLI, health checks); TLS when ``tls`` is given."""
+    if tls is None:
+        return grpc.insecure_channel(address, options=_options(None))
+    return grpc.secure_channel(address, client_credentials(tls, resolve), options=_options(tls))
+
+
+def aio_channel_factory(
+    tls: ClientTls | None, resolve: Callable[[str], Path] = Path
+) -> Callable[[str], grpc.aio.Channel]:
+    """A ``channel_factory`` for asyncio clients; credentials are read once, now."""
+    if tls is None:
+        return lambda address: grpc.aio.insecure_channel(address, options=_options(None))
+    creds = client_credentials(tls, resolve)
+    return lambda address: grpc.aio.secure_channel(address, creds, options=_options(tls))
+
+
+# -- where a daemon may listen ------------------------------------------------------------
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(address: str, *, field: str, tls: bool, allow_insecure: bool) -> None:
+    """Refuse a plaintext listener off loopback unless explicitly allowed."""
+    host, _ = parse_address(address, field=field)
+    if tls or allow_insecure or is_loopback(host):
+        return
+    raise ValueError(
+        f"{field} {address!r} is not a loopback address and [tls] is not configured: "
+        "configure tls.cert_file and tls.key_file, or set allow_insecure_non_loopback = true "
+        "(plaintext on the network)"
+    )
+
+
+# -- CLI: client options and `txrepl token` ------------------------------------------------
+
+
+def add_client_args(parser: argparse.ArgumentParser) -> None:
+    """--tls/--ca/--cert/--key/--server-name/--token-file (token also from $TXREPL_TOKEN)."""
+    g = parser.add_argument_group("connection security")
+    g.add_argument("--tls", action="store_true", help="use TLS (implied by --ca)")
+    g.add_argument("--ca", default="", help="CA certificate file (default: system roots)")
+    g.add_argument("--cert", default="", help="client certificate (mutual TLS)")
+    g.add_argument("--key", default="", help="client private key (mutual TLS)")
+    g.add_argument("--server-name", default="", help="name to check in the server certificate")
+    g.add_argument(
+        "--token-file", default="", help="file holding the token (default: $TXREPL_TOKEN)"
+    )
+
+
+def client_from_args(
+    args: argparse.Namespace,
+) -> tuple[ClientTls | None, tuple[tuple[str, str], ...]]:
+    """TLS settings and call metadata from the options of :func:`add_client_args`."""
+    tls = None
+    if args.tls or args.ca or args.cert:
+        tls = ClientTls(args.ca, args.cert, args.key, args.server_name)
+    token = ""
+    if args.token_file:
+        token = Path(args.token_file).read_text(encoding="utf-8").strip()
+    else:
+        token = os.environ.get("TXREPL_TOKEN", "")
+    metadata = ((TOKEN_METADATA, token),) if token else ()
+    return tls, metadata
+
+
+def register(sub: Any) -> None:
+    t = sub.add_parser("token", help="make tokens and their hashes for the configs")
+    tsub = t.add_subparsers(dest="action", metavar="ACTION", required=True)
+    h = tsub.add_parser("hash", help="print the hash of a token (read from stdin or --token-file)")
+    h.add_argument("--token-file", default="", help="default: read the token from stdin")
+    h.add_argument("--scheme", choices=["sha256", "pbkdf2-sha256"], default="sha256")
+    h.set_defaults(func=_hash)
+    g = tsub.add_parser("generate", help="print a new random token and its hash")
+    g.add_argument("--scheme", choices=["sha256", "pbkdf2-sha256"], default="sha256")
+    g.set_defaults(func=_generate)
+
+
+def _hash(args: argparse.Namespace) -> int:
+    if args.token_file:
+        token = Path(args.token_file).read_text(encoding="utf-8").strip()
+    else:
+        token = sys.stdin.readline().strip()
+    if not token:
+        print("txrepl: no token given (stdin or --token-file)", file=sys.stderr)
+        return 2
+    print(hash_token(token, args.scheme))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    token = generate_token()
+    print(f"token: {token}")
+    print(f"hash:  {hash_token(token, args.scheme)}")
+    return 0
