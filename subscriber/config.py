@@ -14,6 +14,13 @@ Example::
     address = "127.0.0.1:7400"             # where it listens
     publication = "shop"
     # name = "pub1.shop"                   # default: <publisher>.<publication>
+    # token_file = "secrets/pub1.token"    # sent as metadata x-txrepl-token
+    # ca_file = "tls/ca.crt"               # TLS to the publisher (tls = true: system roots)
+    # cert_file / key_file                 # client certificate for mutual TLS
+
+Operations (see docs/operations.md): ``metrics_listen``, ``[tls]`` for the control
+port, ``[auth] admin_token_hashes`` for control calls,
+``allow_insecure_non_loopback``.
 """
 
 from __future__ import annotations
@@ -23,10 +30,12 @@ import re
 from pathlib import Path
 
 from common.config import load_toml, parse_address
+from common.security import ClientTls, ServerTls, check_hash, check_listen
 
 __all__ = [
     "BackoffConfig",
     "BatchConfig",
+    "ControlAuthConfig",
     "SparkConfig",
     "SubscriberConfig",
     "SubscriptionConfig",
@@ -43,6 +52,12 @@ class SubscriptionConfig:
     publication: str
     name: str = ""
     token: str = ""
+    token_file: str = ""  # read at start; the token itself then never sits in the config
+    tls: bool = False  # TLS to the publisher (implied by ca_file)
+    ca_file: str = ""
+    cert_file: str = ""
+    key_file: str = ""
+    tls_server_name: str = ""  # name to check in the publisher's certificate
 
     def __post_init__(self) -> None:
         for field in ("publisher", "publication"):
@@ -51,6 +66,17 @@ class SubscriptionConfig:
         parse_address(self.address, field="address")
         if self.name and not _NAME.match(self.name):
             raise ValueError(f"name {self.name!r} is not a valid name")
+        if self.token and self.token_file:
+            raise ValueError("token and token_file: give one, not both")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+
+    @property
+    def client_tls(self) -> ClientTls | None:
+        """TLS settings for the channel to the publisher, or None for plaintext."""
+        if not (self.tls or self.ca_file or self.cert_file):
+            return None
+        return ClientTls(self.ca_file, self.cert_file, self.key_file, self.tls_server_name)
 
     @property
     def id(self) -> str:
@@ -105,6 +131,17 @@ class BackoffConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ControlAuthConfig:
+    """Hashed admin tokens for the control service (empty: open, loopback by default)."""
+
+    admin_token_hashes: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for h in self.admin_token_hashes:
+            check_hash(h)
+
+
+@dataclasses.dataclass(frozen=True)
 class SubscriberConfig:
     server_name: str
     target: str
@@ -114,6 +151,10 @@ class SubscriberConfig:
     spark: SparkConfig = dataclasses.field(default_factory=SparkConfig)
     batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
     backoff: BackoffConfig = dataclasses.field(default_factory=BackoffConfig)
+    metrics_listen: str = "127.0.0.1:9465"
+    allow_insecure_non_loopback: bool = False
+    tls: ServerTls = dataclasses.field(default_factory=ServerTls)
+    auth: ControlAuthConfig = dataclasses.field(default_factory=ControlAuthConfig)
     config_dir: str = "."
 
     def __post_init__(self) -> None:
@@ -128,6 +169,22 @@ class SubscriberConfig:
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
             raise ValueError(f"subscription names must be unique; repeated: {sorted(dup)}")
+        check_listen(
+            self.control_listen,
+            field="control_listen",
+            tls=self.tls.enabled,
+            allow_insecure=self.allow_insecure_non_loopback,
+        )
+        if self.metrics_listen:
+            parse_address(self.metrics_listen, field="metrics_listen")
+        files = [(f"tls.{k}", getattr(self.tls, k)) for k in ("cert_file", "key_file")]
+        files.append(("tls.client_ca_file", self.tls.client_ca_file))
+        for i, s in enumerate(self.subscription):
+            for k in ("token_file", "ca_file", "cert_file", "key_file"):
+                files.append((f"subscription[{i}].{k}", getattr(s, k)))
+        for key, value in files:
+            if value and not self.path(value).is_file():
+                raise ValueError(f"{key}: {str(self.path(value))!r} is not a readable file")
 
     def path(self, value: str) -> Path:
         p = Path(value)
