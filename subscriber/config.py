@@ -31,6 +31,7 @@ from pathlib import Path
 
 from common.config import load_toml, parse_address
 from common.security import ClientTls, ServerTls, check_hash, check_listen
+from subscriber.schedule import Schedule
 
 __all__ = [
     "BackoffConfig",
@@ -58,6 +59,7 @@ class SubscriptionConfig:
     cert_file: str = ""
     key_file: str = ""
     tls_server_name: str = ""  # name to check in the publisher's certificate
+    schedule: Schedule = dataclasses.field(default_factory=Schedule)
 
     def __post_init__(self) -> None:
         for field in ("publisher", "publication"):

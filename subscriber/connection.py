@@ -6,6 +6,8 @@ States and transitions (each logged and kept, timestamped, in the timeline)::
          ▲               │                      │                   │
          └──backoff──────┴──── stream ends / cut / transient error ─┘
     paused   : by the control service; no connection until resumed
+    scheduled: a scheduled subscription between runs; it connects at the next
+               scheduled time, syncs until in sync, then disconnects
     error    : a permanent failure (gap, changed incarnation, publisher behind our
                level, apply failure); waits for an operator's reconnect
     invalid  : the publisher refused us as invalid; waits for re-initialisation,
@@ -38,12 +40,22 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from subscriber.apply import Applier, ApplyError
 from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+from subscriber.schedule import Clock, SystemClock
 
 __all__ = ["STATES", "SubscriptionRunner"]
 
 log = structlog.get_logger(__name__)
 
-STATES = ("disconnected", "connecting", "syncing", "in_sync", "paused", "error", "invalid")
+STATES = (
+    "disconnected",
+    "connecting",
+    "syncing",
+    "in_sync",
+    "paused",
+    "error",
+    "invalid",
+    "scheduled",
+)
 
 
 class PermanentFeedError(Exception):
@@ -72,6 +84,7 @@ class SubscriptionRunner:
         batch: BatchConfig,
         backoff: BackoffConfig,
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.config = config
         self.name = config.id
@@ -103,6 +116,12 @@ class SubscriptionRunner:
         self._call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage] | None
         self._call = None
         self._in_sync_head: int | None = None
+        self.clock: Clock = clock or SystemClock()
+        self.schedule = config.schedule
+        self.last_run_start: float | None = None
+        self.next_run: float | None = None
+        self.runs = 0
+        self._run_done = False
 
     # -- control --------------------------------------------------------------------
 
@@ -153,6 +172,17 @@ class SubscriptionRunner:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
+    async def _wait_for_schedule(self) -> None:
+        """Between runs of a scheduled subscription: sleep until the next time."""
+        now = self.clock.now()
+        self.next_run = self.schedule.next_run(now, self.last_run_start)
+        if self.next_run > now:
+            at = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.next_run))
+            self._set("scheduled", f"next run at {at}")
+            self._wake.clear()
+            await self.clock.sleep(self.next_run - now, self._wake)
+        self.last_run_start = self.clock.now()
+
     # -- main loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -161,10 +191,20 @@ class SubscriptionRunner:
             if self._paused:
                 await self._sleep(3600)
                 continue
+            if self.schedule.enabled and failures == 0:
+                await self._wait_for_schedule()
+                if self._stop.is_set() or self._paused:
+                    continue
+            self._run_done = False
             self._set("connecting", f"to {self.config.publisher} at {self.config.address}")
             progressed = False
             try:
                 progressed = await self._session()
+                if self._run_done:
+                    # A scheduled run reached the head: disconnect until the next time.
+                    self.runs += 1
+                    failures = 0
+                    continue
                 if not self._stop.is_set() and not self._paused:
                     self._set("disconnected", "stream ended")
             except InvalidSubscriber as e:
@@ -337,7 +377,7 @@ class SubscriptionRunner:
                 self.head = max(self.head, msg.in_sync.head)
                 self._in_sync_head = msg.in_sync.head
                 if self.level >= msg.in_sync.head:
-                    self._set("in_sync", f"head {msg.in_sync.head}")
+                    self._reached_in_sync(queue)
             elif kind == "heartbeat":
                 self.head = max(self.head, msg.heartbeat.head)
             else:
@@ -390,7 +430,16 @@ class SubscriptionRunner:
             with contextlib.suppress(Exception):
                 await call.write(ack)
             if self._in_sync_head is not None and self.level >= self._in_sync_head:
-                self._set("in_sync", f"head {self._in_sync_head}")
+                self._reached_in_sync(queue)
+                if self._run_done:
+                    return
+
+    def _reached_in_sync(self, queue: asyncio.Queue[Received | None]) -> None:
+        self._set("in_sync", f"head {self._in_sync_head}")
+        if self.schedule.enabled and not self._run_done:
+            self._run_done = True
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)  # the applier returns; the session ends
 
     def status(self) -> pb.SubscriptionStatus:
         st = pb.SubscriptionStatus(
