@@ -2,34 +2,54 @@
 
 Start-up: open (or create) each publication's log, the registry, install
 capture on the source for every published table, bind the port, write
-``<data_dir>/publisher.addr`` (the bound address, so port 0 works), then tell
-systemd READY.  The capture thread moves committed source transactions into the
-logs; the gRPC server serves Sync, Publish and Admin.
+``<data_dir>/publisher.addr`` (the bound address, so port 0 works), start the
+metrics endpoint (``metrics.addr``), then tell systemd READY: by then the port
+accepts connections and the logs are open.  While healthy (capture alive) the
+watchdog is pinged at a third of ``WatchdogSec``.  The capture thread moves
+committed source transactions into the logs; the gRPC server serves Sync,
+Publish and Admin.
 
 Shutdown (SIGTERM): health NOT_SERVING, STOPPING=1, stop capture after the
 entry in progress, cut the feeds ("publisher shutting down"), stop the server,
 close the logs.  A second signal forces exit.
+
+Security (common.security): TLS from ``[tls]``; when any token is configured an
+interceptor authenticates every Replication and Admin call, and the feed's
+``authorize`` hook checks that a Sync's token belongs to the Hello's subscriber
+and grants the publication — before anything is written to the registry.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import grpc
 import structlog
 
+from common import metrics
+from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import (
+    AuthInterceptor,
+    Principal,
+    TokenBook,
+    server_credentials,
+    token_from_metadata,
+)
 from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
 from common.systemd import Notifier
 from publisher.capture import SqliteCapture
 from publisher.config import PublisherConfig
-from publisher.errors import SourceError
+from publisher.errors import FeedRefused, SourceError
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
 from publisher.registry import Registry
-from publisher.service import AdminService, ReplicationService
+from publisher.service import AdminService, ReplicationService, subscriber_info
 
 __all__ = ["Publisher", "run"]
 
@@ -89,6 +109,137 @@ class CaptureThread(threading.Thread):
         return appended
 
 
+SUBSCRIBER_STATES = ("disconnected", "syncing", "in_sync", "invalid")
+
+
+def cut_class(reason: str) -> str:
+    """A small, fixed label for a cut reason ('queue threshold: 12 > 10' → 'queue_threshold')."""
+    head = reason.split(":", 1)[0].strip().lower()
+    for cls in ("queue threshold", "send timeout", "publisher shutting down"):
+        if head.startswith(cls):
+            return cls.replace(" ", "_")
+    return "purged" if "purged" in head else "other"
+
+
+class MeteredRegistry(Registry):
+    """The registry, counting cuts by reason class as the feed records them."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.cuts_by_reason: dict[tuple[str, str], int] = {}
+
+    def record_cut(self, publication: str, subscriber: str, reason: str) -> None:
+        super().record_cut(publication, subscriber, reason)
+        key = (publication, cut_class(reason))
+        self.cuts_by_reason[key] = self.cuts_by_reason.get(key, 0) + 1
+
+
+class PublisherCollector:
+    """Reads the publications, the registry and the live feeds at scrape time."""
+
+    def __init__(self, publisher: Publisher) -> None:
+        self.publisher = publisher
+
+    def collect(self) -> Iterator[Any]:
+        p = self.publisher
+        info = metrics.gauge("txrepl_info")
+        info.add_metric(["publisher", p.config.server_name], 1)
+        yield info
+        head = metrics.gauge("txrepl_publication_head")
+        first = metrics.gauge("txrepl_publication_first_retained")
+        size = metrics.gauge("txrepl_publication_log_bytes")
+        last = metrics.gauge("txrepl_publication_last_commit_timestamp_seconds")
+        for name, pub in sorted(p.publications.items()):
+            head.add_metric([name], pub.log.head)
+            first.add_metric([name], pub.log.first_seq)
+            size.add_metric([name], pub.log.size_bytes)
+            last.add_metric([name], pub.last_commit_time)
+        yield from (head, first, size, last)
+        captured = metrics.counter("txrepl_capture_entries")
+        captured.add_metric([], p.capture_thread.entries if p.capture_thread else 0)
+        yield captured
+        yield from self._subscribers()
+        yield from self._feeds()
+
+    def _subscribers(self) -> Iterator[Any]:
+        registry = self.publisher.registry
+        if registry is None:
+            return
+        level = metrics.gauge("txrepl_subscriber_level")
+        lag = metrics.gauge("txrepl_subscriber_lag_entries")
+        lag_s = metrics.gauge("txrepl_subscriber_lag_seconds")
+        valid = metrics.gauge("txrepl_subscriber_valid")
+        state = metrics.gauge("txrepl_subscriber_state")
+        cuts = metrics.counter("txrepl_subscriber_cuts")
+        for row in registry.list_subscribers():
+            labels = [row.publication, row.subscriber]
+            info = subscriber_info(row, self.publisher.publications.get(row.publication))
+            level.add_metric(labels, info.level)
+            lag.add_metric(labels, info.lag_entries)
+            lag_s.add_metric(labels, info.lag_seconds)
+            valid.add_metric(labels, 1 if info.valid else 0)
+            states = (*SUBSCRIBER_STATES, *(() if row.state in SUBSCRIBER_STATES else (row.state,)))
+            for lbl, v in metrics.state_gauge("", labels, row.state, states):
+                state.add_metric(lbl, v)
+            cuts.add_metric(labels, info.cuts)
+        yield from (level, lag, lag_s, valid, state, cuts)
+        by_reason = metrics.counter("txrepl_feed_cuts")
+        if isinstance(registry, MeteredRegistry):
+            for (pub, reason), n in sorted(registry.cuts_by_reason.items()):
+                by_reason.add_metric([pub, reason], n)
+        yield by_reason
+
+    def _feeds(self) -> Iterator[Any]:
+        queue = metrics.gauge("txrepl_feed_queue_entries")
+        in_flight = metrics.gauge("txrepl_feed_in_flight_entries")
+        count = metrics.gauge("txrepl_feeds")
+        counts: dict[tuple[str, str], int] = {}
+        feeds = self.publisher.feeds
+        for feed in list(feeds.feeds) if feeds is not None else []:
+            pub = feed.publication
+            labels = [pub.name, feed.subscriber]
+            queue.add_metric(labels, max(0, pub.log.head - feed.acked))
+            in_flight.add_metric(labels, max(0, feed.last_sent - feed.acked))
+            counts[(pub.name, feed.state)] = counts.get((pub.name, feed.state), 0) + 1
+        for name in sorted(self.publisher.publications):
+            for st in ("syncing", "in_sync"):
+                count.add_metric([name, st], counts.get((name, st), 0))
+        yield from (queue, in_flight, count)
+
+
+def token_book(config: PublisherConfig) -> TokenBook:
+    entries = [(h, Principal("admin", "admin")) for h in config.auth.admin_token_hashes]
+    entries += [(h, Principal("publish", "publisher")) for h in config.auth.publish_token_hashes]
+    entries += [
+        (s.token_hash, Principal(s.name, "subscriber", tuple(s.publications)))
+        for s in config.subscriber
+    ]
+    return TokenBook(entries)
+
+
+class SyncAuthorizer:
+    """The feed's ``authorize`` hook: the token's subscriber and its grants."""
+
+    def __init__(self, book: TokenBook) -> None:
+        self.book = book
+
+    def __call__(self, hello: pb.Hello, context: Any) -> None:
+        token = token_from_metadata(context.invocation_metadata()) or hello.token
+        principal = self.book.identify(token)
+        if principal is None:
+            raise FeedRefused(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing token")
+        if principal.role != "subscriber" or principal.name != hello.subscriber:
+            raise FeedRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"this token is not subscriber {hello.subscriber!r}'s",
+            )
+        if not principal.may_use(hello.publication):
+            raise FeedRefused(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"subscriber {hello.subscriber!r} is not granted publication {hello.publication!r}",
+            )
+
+
 class Publisher:
     def __init__(self, config: PublisherConfig) -> None:
         self.config = config
@@ -100,6 +251,8 @@ class Publisher:
         self.capture: SqliteCapture | None = None
         self.capture_thread: CaptureThread | None = None
         self.endpoint: GrpcEndpoint | None = None
+        self.feeds: FeedManager | None = None
+        self.metrics_server: metrics.MetricsServer | None = None
 
     def open(self) -> None:
         cfg = self.config
@@ -112,7 +265,7 @@ class Publisher:
                 segment_bytes=cfg.log.segment_bytes,
             )
             self.publications[pc.name] = Publication(pc, plog)
-        self.registry = Registry(f"sqlite:///{self.data_dir / 'registry.db'}")
+        self.registry = MeteredRegistry(f"sqlite:///{self.data_dir / 'registry.db'}")
         if cfg.source.startswith("sqlite:///"):
             self.capture = SqliteCapture(cfg.sqlite_source_path)
             for pub in self.publications.values():
@@ -125,7 +278,26 @@ class Publisher:
     async def serve(self, *, ready: asyncio.Event | None = None) -> None:
         assert self.registry is not None
         cfg = self.config
-        feeds = FeedManager(cfg.server_name, self.publications, self.registry)
+        book = token_book(cfg)
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if cfg.auth_enabled:
+            interceptors.append(
+                AuthInterceptor(
+                    book,
+                    {
+                        "/txrepl.v1.Admin/": {"admin"},
+                        "/txrepl.v1.Replication/Publish": {"admin", "publisher"},
+                        "/txrepl.v1.Replication/Sync": {"subscriber"},
+                    },
+                )
+            )
+        feeds = FeedManager(
+            cfg.server_name,
+            self.publications,
+            self.registry,
+            authorize=SyncAuthorizer(book) if cfg.auth_enabled else None,
+        )
+        self.feeds = feeds
         replication = ReplicationService(feeds, self.publications)
         admin = AdminService(cfg.server_name, self.publications, self.registry)
         self.endpoint = GrpcEndpoint(
@@ -135,17 +307,28 @@ class Publisher:
                 lambda s: rpc.add_AdminServicer_to_server(admin, s),
             ],
             ["txrepl.v1.Replication", "txrepl.v1.Admin"],
+            credentials=server_credentials(cfg.tls, cfg.path),
+            interceptors=interceptors,
         )
         await self.endpoint.start()
         if self.capture is not None:
             pubs = list(self.publications.values())
             self.capture_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
             self.capture_thread.start()
+        if cfg.metrics_listen:
+            registry = metrics.new_registry()
+            registry.register(PublisherCollector(self))
+            self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, registry)
+            address = self.metrics_server.start()
+            write_atomic(self.data_dir / "metrics.addr", address + "\n")
         write_atomic(self.data_dir / "publisher.addr", self.endpoint.address + "\n")
         log.info(
             "publisher ready",
             server=cfg.server_name,
             listen=self.endpoint.address,
+            tls=cfg.tls.enabled,
+            mutual_tls=bool(cfg.tls.client_ca_file),
+            auth=cfg.auth_enabled,
             publications={n: p.log.head for n, p in self.publications.items()},
         )
         self.notifier.ready(f"serving on {self.endpoint.address}")
@@ -164,6 +347,8 @@ class Publisher:
                 await asyncio.to_thread(self.capture_thread.join, 10)
             feeds.stopping.set()
             await self.endpoint.stop(grace=3.0)
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
             self.close()
             log.info("publisher stopped")
 

@@ -83,6 +83,8 @@ class Daemon:
         if self.addr_file.exists():
             self.addr_file.unlink()
         env = dict(os.environ)
+        # Metrics on a free port (the defaults are fixed ports); see metrics_address.
+        env.setdefault("TXREPL_METRICS_LISTEN", "127.0.0.1:0")
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
@@ -108,6 +110,11 @@ class Daemon:
         wait_until(ready, timeout, f"{self.kind} to be ready")
         self.address = self.addr_file.read_text().strip()
         return self
+
+    @property
+    def metrics_address(self) -> str:
+        """host:port of the /metrics endpoint (written next to the addr file)."""
+        return (self.addr_file.parent / "metrics.addr").read_text().strip()
 
     def tail(self, lines: int = 40) -> str:
         try:
