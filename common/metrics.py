@@ -134,7 +134,7 @@ def counter(name: str) -> Any:
 
 
 def state_gauge(
-    name: str, labels: Sequence[str], current: str, states: Iterable[str]
+    labels: Sequence[str], current: str, states: Iterable[str]
 ) -> list[tuple[list[str], float]]:
     """Samples of an enum-style gauge: 1 for ``current``, 0 for the other ``states``."""
     return [([*labels, s], 1.0 if s == current else 0.0) for s in states]

@@ -1,7 +1,9 @@
 """sd_notify for ``Type=notify`` units: READY, STOPPING, WATCHDOG, STATUS.
 
 Sends datagrams to ``$NOTIFY_SOCKET`` when systemd (or a test) set it; does
-nothing otherwise.  Written directly on a unix datagram socket (the protocol is
+nothing otherwise.  The daemons send READY=1 once their port accepts
+connections, WATCHDOG=1 every third of ``WatchdogSec`` while healthy, and
+STOPPING=1 when a drain starts.  Written directly on a unix datagram socket (the protocol is
 one line of text) so that the exact moment of READY is under our control.
 """
 
@@ -19,7 +21,10 @@ class Notifier:
         if self.address.startswith("@"):
             self.address = "\0" + self.address[1:]
         usec = os.environ.get("WATCHDOG_USEC", "")
-        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() else 0.0
+        pid = os.environ.get("WATCHDOG_PID", "")
+        # WATCHDOG_PID names the process systemd watches; a child must not ping for it.
+        mine = not pid.isdigit() or int(pid) == os.getpid()
+        self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and mine else 0.0
 
     @property
     def enabled(self) -> bool:

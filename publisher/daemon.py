@@ -179,7 +179,7 @@ class PublisherCollector:
             lag_s.add_metric(labels, info.lag_seconds)
             valid.add_metric(labels, 1 if info.valid else 0)
             states = (*SUBSCRIBER_STATES, *(() if row.state in SUBSCRIBER_STATES else (row.state,)))
-            for lbl, v in metrics.state_gauge("", labels, row.state, states):
+            for lbl, v in metrics.state_gauge(labels, row.state, states):
                 state.add_metric(lbl, v)
             cuts.add_metric(labels, info.cuts)
         yield from (level, lag, lag_s, valid, state, cuts)

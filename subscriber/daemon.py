@@ -2,27 +2,56 @@
 
 Start-up: validate the config, start the long-lived SparkSession, open the
 target for each subscription and read its level, bind the control port, write
-``<data_dir>/subscriber.addr``, then READY.  Each subscription runs in its own
-task, so one subscription's cut, error or pause never stalls another.
+``<data_dir>/subscriber.addr``, start the metrics endpoint (``metrics.addr``),
+then READY.  The watchdog is pinged while the event loop and Spark's JVM live.
+Each subscription runs in its own task, so one subscription's cut, error or
+pause never stalls another.
 
 Shutdown (SIGTERM): health NOT_SERVING, STOPPING=1, each runner stops reading,
 the batch in flight commits (with its level) and is acked, then the Spark
-session and the server stop.  A second signal forces exit.
+session and the server stop; exit status 0.  A second signal forces exit.
+
+Each subscription's channel to its publisher comes from a ``channel_factory``
+built here: TLS (and a client certificate for mutual TLS) when the
+subscription configures it.  Batch sizes, durations and apply errors are
+measured by :class:`MeteredApplier`; everything else is read from the runners
+at scrape time.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import structlog
+from prometheus_client import Counter, Histogram
 
+from common import metrics
+from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import (
+    AuthInterceptor,
+    Principal,
+    TokenBook,
+    aio_channel_factory,
+    server_credentials,
+)
 from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
 from common.systemd import Notifier
-from subscriber.apply import Applier, SparkSettings, SqliteWriter, create_spark_session
-from subscriber.config import SubscriberConfig
-from subscriber.connection import SubscriptionRunner
+from subscriber.apply import (
+    Applier,
+    ApplyResult,
+    SparkSettings,
+    SqliteWriter,
+    Writer,
+    create_spark_session,
+)
+from subscriber.config import SubscriberConfig, SubscriptionConfig
+from subscriber.connection import STATES, SubscriptionRunner
 from subscriber.control import ControlService
 
 if TYPE_CHECKING:
@@ -33,6 +62,120 @@ __all__ = ["Subscriber", "run"]
 log = structlog.get_logger(__name__)
 
 
+_ENTRY_BUCKETS = (1, 5, 10, 50, 100, 500, 1000, 5000, 10_000, 50_000)
+_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+class ApplyMetrics:
+    """Histograms and counters of batch applies, in one daemon's registry."""
+
+    def __init__(self, registry: Any) -> None:
+        def doc(name: str) -> str:
+            return metrics.METRICS[name][2]
+
+        self.entries = Histogram(
+            "txrepl_apply_batch_entries",
+            doc("txrepl_apply_batch_entries"),
+            ["subscription"],
+            buckets=_ENTRY_BUCKETS,
+            registry=registry,
+        )
+        self.rows = Histogram(
+            "txrepl_apply_batch_rows",
+            doc("txrepl_apply_batch_rows"),
+            ["subscription"],
+            buckets=(0, *_ENTRY_BUCKETS, 100_000, 500_000),
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            "txrepl_apply_batch_seconds",
+            doc("txrepl_apply_batch_seconds"),
+            ["subscription"],
+            buckets=_SECONDS_BUCKETS,
+            registry=registry,
+        )
+        self.errors = Counter(
+            "txrepl_apply_errors",
+            doc("txrepl_apply_errors"),
+            ["subscription", "error"],
+            registry=registry,
+        )
+
+
+class MeteredApplier(Applier):
+    """An Applier that measures each batch and remembers the newest applied commit time."""
+
+    def __init__(
+        self, spark: SparkSession, writer: Writer, subscription: str, meters: ApplyMetrics | None
+    ) -> None:
+        super().__init__(spark, writer, subscription)
+        self.meters = meters
+        self.last_commit_time: float | None = None
+
+    def apply(
+        self, first_seq: int, entries: Sequence[pb.Entry], *, incarnation: str
+    ) -> ApplyResult:
+        started = time.perf_counter()
+        try:
+            result = super().apply(first_seq, entries, incarnation=incarnation)
+        except Exception as e:
+            if self.meters is not None:
+                self.meters.errors.labels(self.subscription, type(e).__name__).inc()
+            raise
+        if entries:
+            self.last_commit_time = entries[-1].commit_time_us / 1e6
+        if self.meters is not None and entries:
+            self.meters.entries.labels(self.subscription).observe(len(entries))
+            self.meters.rows.labels(self.subscription).observe(result.rows)
+            self.meters.seconds.labels(self.subscription).observe(time.perf_counter() - started)
+        return result
+
+
+class SubscriberCollector:
+    """Reads each runner's level, head and state at scrape time."""
+
+    def __init__(self, subscriber: Subscriber) -> None:
+        self.subscriber = subscriber
+
+    def collect(self) -> Iterator[Any]:
+        sub = self.subscriber
+        info = metrics.gauge("txrepl_info")
+        info.add_metric(["subscriber", sub.config.server_name], 1)
+        yield info
+        level = metrics.gauge("txrepl_subscription_level")
+        head = metrics.gauge("txrepl_subscription_head")
+        lag = metrics.gauge("txrepl_subscription_lag_entries")
+        lag_s = metrics.gauge("txrepl_subscription_lag_seconds")
+        state = metrics.gauge("txrepl_subscription_state")
+        entries = metrics.counter("txrepl_subscription_applied_entries")
+        rows = metrics.counter("txrepl_subscription_applied_rows")
+        now = time.time()
+        for name, r in sorted(sub.runners.items()):
+            h = max(r.head, r.level)
+            level.add_metric([name], r.level)
+            head.add_metric([name], h)
+            lag.add_metric([name], h - r.level)
+            applier = r.applier
+            last = applier.last_commit_time if isinstance(applier, MeteredApplier) else None
+            if h == r.level:
+                lag_s.add_metric([name], 0.0)
+            elif last is not None:
+                lag_s.add_metric([name], max(0.0, now - last))
+            for labels, v in metrics.state_gauge([name], r.state, STATES):
+                state.add_metric(labels, v)
+            entries.add_metric([name], r.applied_entries)
+            rows.add_metric([name], r.applied_rows)
+        yield from (level, head, lag, lag_s, state, entries, rows)
+
+
+def resolve_token(sc: SubscriptionConfig, config: SubscriberConfig) -> SubscriptionConfig:
+    """The subscription with ``token`` read from ``token_file`` (if one is given)."""
+    if not sc.token_file:
+        return sc
+    token = config.path(sc.token_file).read_text(encoding="utf-8").strip()
+    return dataclasses.replace(sc, token=token, token_file="")
+
+
 class Subscriber:
     def __init__(self, config: SubscriberConfig) -> None:
         self.config = config
@@ -40,6 +183,8 @@ class Subscriber:
         self.notifier = Notifier()
         self.runners: dict[str, SubscriptionRunner] = {}
         self.spark: SparkSession | None = None
+        self.metrics_registry = metrics.new_registry() if config.metrics_listen else None
+        self.metrics_server: metrics.MetricsServer | None = None
 
     def open(self) -> None:
         cfg = self.config
@@ -58,44 +203,89 @@ class Subscriber:
                 log_level=s.log_level,
             )
         )
+        meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         for sc in cfg.subscription:
             writer = SqliteWriter(cfg.sqlite_target_path)
-            applier = Applier(self.spark, writer, subscription=sc.id)
+            applier = MeteredApplier(self.spark, writer, sc.id, meters)
             self.runners[sc.id] = SubscriptionRunner(
-                sc, cfg.server_name, applier, batch=cfg.batch, backoff=cfg.backoff
+                resolve_token(sc, cfg),
+                cfg.server_name,
+                applier,
+                batch=cfg.batch,
+                backoff=cfg.backoff,
+                channel_factory=aio_channel_factory(sc.client_tls, cfg.path),
             )
 
     async def serve(self) -> None:
         cfg = self.config
         control = ControlService(cfg.server_name, self.runners)
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if cfg.auth.admin_token_hashes:
+            book = TokenBook((h, Principal("admin", "admin")) for h in cfg.auth.admin_token_hashes)
+            interceptors.append(AuthInterceptor(book, {"/txrepl.v1.SubscriberControl/": {"admin"}}))
         endpoint = GrpcEndpoint(
             cfg.control_listen,
             [lambda s: rpc.add_SubscriberControlServicer_to_server(control, s)],
             ["txrepl.v1.SubscriberControl"],
+            credentials=server_credentials(cfg.tls, cfg.path),
+            interceptors=interceptors,
         )
         await endpoint.start()
         tasks = [asyncio.create_task(r.run(), name=f"sub-{n}") for n, r in self.runners.items()]
+        if self.metrics_registry is not None:
+            self.metrics_registry.register(SubscriberCollector(self))
+            self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, self.metrics_registry)
+            address = self.metrics_server.start()
+            write_atomic(cfg.data_path / "metrics.addr", address + "\n")
         write_atomic(cfg.data_path / "subscriber.addr", endpoint.address + "\n")
         log.info(
             "subscriber ready",
             server=cfg.server_name,
             control=endpoint.address,
+            tls=cfg.tls.enabled,
+            control_auth=bool(cfg.auth.admin_token_hashes),
             subscriptions={n: r.level for n, r in self.runners.items()},
         )
         self.notifier.ready(f"control on {endpoint.address}")
+        watchdog = asyncio.create_task(self._watchdog())
         try:
             await self.stop_event.wait()
         finally:
+            watchdog.cancel()
             log.info("subscriber stopping")
             await endpoint.not_serving()
             self.notifier.stopping()
             for r in self.runners.values():
                 r.stop()
             await asyncio.gather(*tasks, return_exceptions=True)
+            self.notifier.status("drained: " + _levels(self.runners))
             await endpoint.stop(grace=2.0)
+            if self.metrics_server is not None:
+                self.metrics_server.stop()
             if self.spark is not None:
                 self.spark.stop()
             log.info("subscriber stopped", levels={n: r.level for n, r in self.runners.items()})
+
+    async def _watchdog(self) -> None:
+        """Ping while the loop turns and Spark's JVM answers; systemd restarts us otherwise."""
+        if not self.notifier.watchdog_s:
+            return
+        while True:
+            if await asyncio.to_thread(self._spark_alive):
+                self.notifier.watchdog()
+            await asyncio.sleep(self.notifier.watchdog_s / 3)
+
+    def _spark_alive(self) -> bool:
+        if self.spark is None:
+            return True
+        try:
+            return not self.spark.sparkContext._jsc.sc().isStopped()
+        except Exception:
+            return False
+
+
+def _levels(runners: dict[str, SubscriptionRunner]) -> str:
+    return ", ".join(f"{n} at {r.level}" for n, r in sorted(runners.items())) or "none"
 
 
 async def _main(config: SubscriberConfig) -> None:
