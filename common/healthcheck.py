@@ -1,0 +1,64 @@
+"""``python -m common.healthcheck ADDRESS``: exit 0 when a daemon reports SERVING.
+
+For container health checks and scripts: one standard gRPC health check
+(``grpc.health.v1``) against ``ADDRESS`` (or the address in ``--addr-file``),
+with the same TLS options as the CLI.  Exit status: 0 SERVING, 1 anything else
+(unreachable, NOT_SERVING, TLS failure), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.errors import describe_rpc_error
+from common.security import ClientTls, add_client_args, client_channel, client_from_args
+
+__all__ = ["check", "main"]
+
+
+def check(
+    address: str, service: str = "", timeout: float = 3.0, *, tls: ClientTls | None = None
+) -> str:
+    """The health status name of ``service`` at ``address`` (raises grpc.RpcError)."""
+    with client_channel(address, tls) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=timeout
+        )
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m common.healthcheck", description=__doc__)
+    p.add_argument("address", nargs="?", default="", help="host:port")
+    p.add_argument("--addr-file", default="", help="read host:port from this file")
+    p.add_argument("--service", default="", help="service name ('' = the whole server)")
+    p.add_argument("--timeout", type=float, default=3.0)
+    add_client_args(p)
+    args = p.parse_args(argv)
+    address = args.address
+    if args.addr_file:
+        try:
+            address = Path(args.addr_file).read_text(encoding="utf-8").strip()
+        except OSError as e:
+            print(f"unhealthy: cannot read {args.addr_file}: {e.strerror}", file=sys.stderr)
+            return 1
+    if not address:
+        p.error("give an ADDRESS or --addr-file")
+    tls, _ = client_from_args(args)
+    try:
+        status = check(address, args.service, args.timeout, tls=tls)
+    except grpc.RpcError as e:
+        print(f"unhealthy: {describe_rpc_error(e)}", file=sys.stderr)
+        return 1
+    print(status)
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
