@@ -16,13 +16,32 @@ import structlog
 
 __all__ = ["configure_logging"]
 
-_SECRET_WORDS = ("token", "password", "secret", "credential")
+_SECRET_WORDS = ("token", "password", "passwd", "secret", "credential", "authorization")
+
+
+def _is_secret(key: object) -> bool:
+    return isinstance(key, str) and any(w in key.lower() for w in _SECRET_WORDS)
+
+
+def _masked(value: Any, depth: int = 0) -> Any:
+    """``value`` with secret-named keys masked, also inside nested tables and lists."""
+    if depth > 5:
+        return value
+    if isinstance(value, dict):
+        return {
+            k: ("***" if _is_secret(k) and v else _masked(v, depth + 1)) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_masked(v, depth + 1) for v in value]
+    return value
 
 
 def _mask_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key in list(event):
-        if any(w in key.lower() for w in _SECRET_WORDS) and event[key]:
+        if _is_secret(key) and event[key]:
             event[key] = "***"
+        elif isinstance(event[key], dict | list | tuple):
+            event[key] = _masked(event[key])
     return event
 
 
