@@ -31,6 +31,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import structlog
@@ -64,6 +65,10 @@ class PermanentFeedError(Exception):
 
 class InvalidSubscriber(Exception):
     """The publisher marked us invalid."""
+
+
+class Interrupted(Exception):
+    """An operator paused, asked to reconnect, or the daemon is stopping."""
 
 
 @dataclass
@@ -115,6 +120,7 @@ class SubscriptionRunner:
         self._stop = asyncio.Event()
         self._call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage] | None
         self._call = None
+        self._interrupted = asyncio.Event()
         self._in_sync_head: int | None = None
         self.clock: Clock = clock or SystemClock()
         self.schedule = config.schedule
@@ -163,8 +169,35 @@ class SubscriptionRunner:
         self._wake.set()
 
     def _interrupt(self) -> None:
-        if self._call is not None:
-            self._call.cancel()
+        # Not call.cancel(): that raises CancelledError in the awaiting task, which
+        # must stay reserved for the task's own cancellation.
+        self._interrupted.set()
+
+    async def _read(
+        self,
+        call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage],
+        applier: asyncio.Task[None] | None = None,
+    ) -> pb.PublisherMessage | None:
+        """The next message; None at EOF or when the applier task ended first."""
+        read = asyncio.ensure_future(call.read())
+        intr = asyncio.ensure_future(self._interrupted.wait())
+        waits: set[asyncio.Future[Any]] = {read, intr}
+        if applier is not None:
+            waits.add(applier)
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            intr.cancel()
+        if read in done:
+            msg = read.result()
+            if msg is grpc.aio.EOF:
+                return None
+            assert isinstance(msg, pb.PublisherMessage)
+            return msg
+        read.cancel()
+        if intr in done and self._interrupted.is_set():
+            raise Interrupted()
+        return None
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, cut short by reconnect/resume/stop."""
@@ -196,6 +229,7 @@ class SubscriptionRunner:
                 if self._stop.is_set() or self._paused:
                     continue
             self._run_done = False
+            self._interrupted.clear()
             self._set("connecting", f"to {self.config.publisher} at {self.config.address}")
             progressed = False
             try:
@@ -207,6 +241,11 @@ class SubscriptionRunner:
                     continue
                 if not self._stop.is_set() and not self._paused:
                     self._set("disconnected", "stream ended")
+            except Interrupted:
+                if not self._paused and not self._stop.is_set():
+                    self._set("disconnected", "reconnect requested")
+                failures = 0
+                continue
             except InvalidSubscriber as e:
                 self.last_error = str(e)
                 self._set("invalid", str(e))
@@ -267,11 +306,10 @@ class SubscriptionRunner:
                 hello.hello.incarnation = self.incarnation
                 hello.hello.level = self.level
                 await call.write(hello)
-                first = await call.read()
-                if first is grpc.aio.EOF:
+                first = await self._read(call)
+                if first is None:
                     await self._raise_status(call)
                     raise PermanentFeedError("publisher closed the stream without a Welcome")
-                assert isinstance(first, pb.PublisherMessage)
                 if not first.HasField("welcome"):
                     raise PermanentFeedError(f"expected Welcome, got {first.WhichOneof('kind')}")
                 self._check_welcome(first.welcome)
@@ -346,16 +384,11 @@ class SubscriptionRunner:
     ) -> None:
         expected = self.level + 1
         while True:
-            read = asyncio.ensure_future(call.read())
-            done, _ = await asyncio.wait({read, applier}, return_when=asyncio.FIRST_COMPLETED)
-            if applier in done:
-                read.cancel()
+            msg = await self._read(call, applier)
+            if msg is None:
+                if not applier.done():
+                    await self._raise_status(call)
                 return
-            msg = read.result()
-            if msg is grpc.aio.EOF:
-                await self._raise_status(call)
-                return
-            assert isinstance(msg, pb.PublisherMessage)
             kind = msg.WhichOneof("kind")
             if kind == "batch":
                 b = msg.batch
@@ -369,9 +402,17 @@ class SubscriptionRunner:
                 put = asyncio.ensure_future(
                     queue.put(Received(b.first_seq, list(b.entries), b.head))
                 )
-                done, _ = await asyncio.wait({put, applier}, return_when=asyncio.FIRST_COMPLETED)
-                if applier in done:
+                intr = asyncio.ensure_future(self._interrupted.wait())
+                try:
+                    done, _ = await asyncio.wait(
+                        {put, applier, intr}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                finally:
+                    intr.cancel()
+                if put not in done:
                     put.cancel()
+                    if self._interrupted.is_set():
+                        raise Interrupted()
                     return
             elif kind == "in_sync":
                 self.head = max(self.head, msg.in_sync.head)

@@ -1,0 +1,122 @@
+"""Subscriber control from the CLI, and a real subscriber cut by the queue threshold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from common.rpc import txrepl_pb2 as pb
+from tests.harness import Pair, publisher_admin, wait_until
+from tests.integration.test_end_to_end import (
+    LEDGER_COLUMNS,
+    ledger_source,
+    ledger_txns,
+    wait_equal,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "common.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_pause_resume_reconnect_from_the_cli(tmp_path: Path) -> None:
+    """pause, resume and reconnect change the state that status shows."""
+    pair = Pair(tmp_path, tables=["counter", "ledger"])
+    src = ledger_source(pair.source_path)
+    try:
+        pair.start_publisher()
+        ledger_txns(src, 1, 100)
+        sub = pair.start_subscriber()
+        pair.wait_caught_up(timeout=120)
+        ctl = ["--control", sub.address]
+
+        out = cli("subscriber", "status", *ctl)
+        assert out.returncode == 0, out.stderr
+        assert "pub1.shop" in out.stdout
+        assert "in_sync" in out.stdout
+
+        out = cli("subscriber", "pause", "pub1.shop", *ctl)
+        assert out.returncode == 0, out.stderr
+        assert pair.status().state == "paused"
+        level = pair.status().level
+        ledger_txns(src, 101, 50)  # not applied while paused
+        wait_until(lambda: pair.head() > level, 10, "capture of the new transactions")
+        assert pair.status().level == level
+
+        out = cli("subscriber", "resume", *ctl, "--json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["subscriptions"][0]["name"] == "pub1.shop"
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS)
+        wait_until(lambda: pair.status().state == "in_sync", 30, "in sync after resume")
+
+        out = cli("subscriber", "reconnect", "pub1.shop", *ctl)
+        assert out.returncode == 0, out.stderr
+        wait_until(
+            lambda: (
+                [t.state for t in pair.status().timeline][-3:]
+                == ["connecting", "syncing", "in_sync"]
+            ),
+            30,
+            "a fresh connection",
+        )
+        out = cli("subscriber", "pause", "nosuch", *ctl)
+        assert out.returncode == 1
+        assert "no subscription 'nosuch'" in out.stderr
+    finally:
+        pair.stop()
+
+
+def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path) -> None:
+    """Commits outpace the apply: the feed is cut, the subscriber resumes, and converges."""
+    pair = Pair(
+        tmp_path,
+        tables=["counter", "ledger"],
+        publication_extra={"queue_threshold": 3},
+        # One entry per apply: each Spark apply costs ~0.1 s, slower than the commits.
+        subscriber_extra={"batch": {"max_entries": 1, "queue_batches": 1}},
+    )
+    src = ledger_source(pair.source_path)
+    try:
+        pair.start_publisher()
+        ledger_txns(src, 1, 10)
+        pair.start_subscriber()
+        pair.wait_caught_up(timeout=120)
+        stop = threading.Event()
+
+        def load() -> None:
+            start = 11
+            while not stop.is_set() and start < 3000:
+                ledger_txns(src2, start, 5)
+                start += 5
+
+        import sqlite3
+
+        src2 = sqlite3.connect(
+            str(pair.source_path), isolation_level=None, timeout=30, check_same_thread=False
+        )
+        writer = threading.Thread(target=load)
+        writer.start()
+
+        def cut() -> bool:
+            assert pair.pub is not None
+            resp = publisher_admin(pair.pub.address).ListSubscribers(pb.ListSubscribersRequest())
+            return any("queue threshold" in s.last_cut_reason for s in resp.subscribers)
+
+        try:
+            wait_until(cut, 60, "a queue-threshold cut")
+        finally:
+            stop.set()
+            writer.join()
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS, timeout=180)
+        assert any("ABORTED" in t.reason for t in pair.status().timeline)
+    finally:
+        pair.stop()
