@@ -181,6 +181,7 @@ class Pair:
     publisher_extra: dict[str, Any] = field(default_factory=dict)
     publication_extra: dict[str, Any] = field(default_factory=dict)
     subscriber_extra: dict[str, Any] = field(default_factory=dict)
+    subscription_extra: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     pub: Daemon | None = None
     sub: Daemon | None = None
@@ -222,6 +223,7 @@ class Pair:
                     "publisher": self.publisher_name,
                     "address": publisher_address,
                     "publication": self.publication,
+                    **self.subscription_extra,
                 }
             ],
         }
