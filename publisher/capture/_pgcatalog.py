@@ -1,0 +1,161 @@
+"""Catalog look-ups for PostgreSQL capture: table schemas, type resolution, names.
+
+A relation message (or wal2json's column list) gives column names, type OIDs and typmods
+as of the decoded WAL position; the catalog adds what those lack: the primary key,
+NOT NULL, the base type of domains and the declared type's spelling.  Those come from the
+*current* catalog (a historic catalog is not reachable from SQL): a primary key or NOT
+NULL changed after the decoded change and before it is decoded shows up early.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from common.rpc import txrepl_pb2 as pb
+from publisher.capture._pgoutput import RelColumn
+from publisher.capture._pgtypes import TypeInfo, builtin_type, numeric_typmod
+from publisher.errors import SourceError
+
+__all__ = ["Catalog", "TableName", "TableShape", "qident", "table_name"]
+
+T = pb.ColumnType
+
+
+def qident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+@dataclass(frozen=True, slots=True)
+class TableName:
+    schema: str
+    name: str
+
+    @property
+    def display(self) -> str:
+        """The name entries carry: bare for ``public``, else ``schema.name``."""
+        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+
+    @property
+    def sql(self) -> str:
+        return f"{qident(self.schema)}.{qident(self.name)}"
+
+
+def table_name(spec: str) -> TableName:
+    """``name`` (schema public) or ``schema.name``, as written in the configuration."""
+    schema, dot, name = spec.partition(".")
+    if not dot:
+        return TableName("public", spec)
+    if not schema or not name or "." in name:
+        raise SourceError(f"table {spec!r}: write a PostgreSQL table as `name` or `schema.name`")
+    return TableName(schema, name)
+
+
+@dataclass(frozen=True, slots=True)
+class TableShape:
+    """How to turn one relation's tuples into txrepl rows."""
+
+    schema: pb.TableSchema
+    infos: tuple[TypeInfo, ...]
+    key_idx: tuple[int, ...]
+
+
+class Catalog:
+    """Cached catalog queries on one connection (thread-safe through ``lock``)."""
+
+    def __init__(self, conn: psycopg.Connection[tuple[object, ...]], lock: threading.Lock) -> None:
+        self._conn = conn
+        self._lock = lock
+        self._types: dict[tuple[int, int], TypeInfo] = {}
+
+    def type_info(self, oid: int, typmod: int, type_name: str | None = None) -> TypeInfo:
+        hit = self._types.get((oid, typmod))
+        if hit is not None:
+            return hit
+        with self._lock:
+            row = self._conn.execute(
+                "WITH RECURSIVE d(oid, base, typmod, typtype, depth) AS ("
+                "  SELECT oid, typbasetype, typtypmod, typtype, 0 FROM pg_type WHERE oid = %s"
+                "  UNION ALL SELECT t.oid, t.typbasetype, t.typtypmod, t.typtype, d.depth + 1"
+                "  FROM pg_type t JOIN d ON t.oid = d.base WHERE d.typtype = 'd')"
+                " SELECT format_type(%s, %s),"
+                "  (SELECT oid FROM d WHERE typtype <> 'd' ORDER BY depth LIMIT 1),"
+                "  (SELECT typmod FROM d WHERE typtype = 'd' AND typmod >= 0"
+                "   ORDER BY depth LIMIT 1)",
+                (oid, oid, typmod),
+            ).fetchone()
+        source_type = type_name or (str(row[0]) if row and row[0] else f"oid {oid}")
+        base = int(row[1]) if row and row[1] is not None else oid  # type: ignore[call-overload]
+        if typmod < 0 and row and row[2] is not None:
+            typmod = int(row[2])  # type: ignore[call-overload]
+        ctype = builtin_type(base)
+        if ctype is None:
+            ctype = T.COLUMN_TYPE_TEXT  # enums, uuid-like and other types travel as text
+        prec, scale = numeric_typmod(typmod) if ctype == T.COLUMN_TYPE_DECIMAL else (0, 0)
+        info = TypeInfo(ctype, prec, scale, source_type)
+        self._types[(oid, typmod)] = info
+        return info
+
+    def constraints(self, table: TableName) -> tuple[list[str], set[str]] | None:
+        """(primary key columns in key order, NOT NULL columns), or None if the table is gone."""
+        with self._lock:
+            oid_row = self._conn.execute("SELECT to_regclass(%s)::oid", (table.sql,)).fetchone()
+            if oid_row is None or oid_row[0] is None:
+                return None
+            oid = oid_row[0]
+            pk = [
+                str(r[0])
+                for r in self._conn.execute(
+                    "SELECT a.attname FROM pg_index i"
+                    " CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY k(attnum, n)"
+                    " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum"
+                    " WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.n",
+                    (oid,),
+                )
+            ]
+            notnull = {
+                str(r[0])
+                for r in self._conn.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attnum > 0"
+                    " AND NOT attisdropped AND attnotnull",
+                    (oid,),
+                )
+            }
+        return pk, notnull
+
+    def shape(
+        self,
+        table: TableName,
+        columns: Sequence[RelColumn],
+        previous: TableShape | None = None,
+    ) -> TableShape:
+        """The TableSchema and row codec of ``table`` with the decoded ``columns``."""
+        names = [c.name for c in columns]
+        found = self.constraints(table)
+        if found is None:  # dropped since: keep what we knew, or the replica identity
+            pk = list(previous.schema.primary_key) if previous else []
+            notnull: set[str] = set()
+        else:
+            pk, notnull = found
+        pk = [k for k in pk if k in names]
+        if not pk:
+            if previous is not None and all(k in names for k in previous.schema.primary_key):
+                pk = list(previous.schema.primary_key)
+            else:
+                raise SourceError(
+                    f"table {table.display!r} has no PRIMARY KEY; txrepl needs one to "
+                    "replicate a table (add one, or leave the table out of the publication)"
+                )
+        schema = pb.TableSchema(table=table.display)
+        infos: list[TypeInfo] = []
+        for col in columns:
+            info = self.type_info(col.type_oid, col.typmod, col.type_name)
+            infos.append(info)
+            schema.columns.append(
+                info.column(col.name, nullable=col.name not in notnull and col.name not in pk)
+            )
+        schema.primary_key.extend(pk)
+        return TableShape(schema, tuple(infos), tuple(names.index(k) for k in pk))

@@ -1,0 +1,265 @@
+"""Decoded logical-replication events, and a parser for pgoutput's binary protocol (v1).
+
+Both output plugins (pgoutput, wal2json) are turned into the same small event model, so
+capture logic never looks at plugin formats.  The pgoutput messages (PostgreSQL docs,
+"Logical Replication Message Formats"), all integers big-endian::
+
+    B  Begin     Int64 final_lsn, Int64 commit time (us since 2000-01-01), Int32 xid
+    C  Commit    Int8 flags, Int64 commit_lsn, Int64 end_lsn, Int64 commit time
+    O  Origin    Int64 lsn, String name                                   (ignored)
+    Y  Type      Int32 oid, String namespace, String name                  (ignored)
+    R  Relation  Int32 oid, String namespace, String name, Int8 replica identity,
+                 Int16 ncols, ncols x (Int8 flags (1 = key), String name,
+                 Int32 type oid, Int32 typmod)
+    I  Insert    Int32 oid, 'N', TupleData
+    U  Update    Int32 oid, ['K' | 'O', TupleData], 'N', TupleData
+    D  Delete    Int32 oid, 'K' | 'O', TupleData
+    T  Truncate  Int32 nrels, Int8 options (1 cascade, 2 restart identity), nrels x Int32
+    M  Message   (only with the messages option; ignored)
+
+    TupleData    Int16 ncols, ncols x ('n' null | 'u' unchanged TOAST
+                 | 't' Int32 len, text bytes | 'b' Int32 len, binary bytes)
+
+Strings are NUL-terminated.  ``final_lsn`` of Begin and ``commit_lsn`` of Commit are the
+same: the LSN where the commit record starts, the transaction's position in commit order.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = [
+    "PG_EPOCH_US",
+    "UNCHANGED",
+    "Begin",
+    "Commit",
+    "Datum",
+    "Delete",
+    "Event",
+    "Insert",
+    "ProtocolError",
+    "RelColumn",
+    "Relation",
+    "Truncate",
+    "Update",
+    "parse_pgoutput",
+]
+
+# Microseconds from 1970-01-01 to PostgreSQL's epoch 2000-01-01.
+PG_EPOCH_US: Final = 946_684_800_000_000
+
+
+class _Unchanged:
+    """An unchanged TOASTed value: pgoutput sends 'u' instead of the value."""
+
+    _instance: _Unchanged | None = None
+
+    def __new__(cls) -> _Unchanged:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "UNCHANGED"
+
+
+UNCHANGED: Final = _Unchanged()
+
+# A column value as sent: None (NULL), UNCHANGED, or the text output of the type.
+Datum = str | None | _Unchanged
+
+
+class ProtocolError(Exception):
+    """A malformed or unexpected message from the output plugin."""
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    final_lsn: int
+    commit_time_us: int  # unix epoch
+    xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    commit_lsn: int
+    end_lsn: int
+    commit_time_us: int  # unix epoch
+
+
+@dataclass(frozen=True, slots=True)
+class RelColumn:
+    name: str
+    type_oid: int
+    typmod: int
+    key: bool = False
+    type_name: str | None = None  # the declared type when the plugin says it (wal2json)
+
+
+@dataclass(frozen=True, slots=True)
+class Relation:
+    oid: int
+    namespace: str
+    name: str
+    replica_identity: str  # 'd' default, 'n' nothing, 'f' full, 'i' index
+    columns: tuple[RelColumn, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    oid: int
+    new: tuple[Datum, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    oid: int
+    old: tuple[Datum, ...] | None  # with REPLICA IDENTITY FULL: the whole old row
+    new: tuple[Datum, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    oid: int
+    old: tuple[Datum, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    oids: tuple[int, ...]
+    cascade: bool
+    restart_identity: bool
+
+
+Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate
+
+_I8 = struct.Struct(">b")
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_BEGIN = struct.Struct(">QqI")
+_COMMIT = struct.Struct(">bQQq")
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def u32(self) -> int:
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(v)
+
+    def i32(self) -> int:
+        (v,) = _I32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(v)
+
+    def i16(self) -> int:
+        (v,) = _I16.unpack_from(self.buf, self.pos)
+        self.pos += 2
+        return int(v)
+
+    def i8(self) -> int:
+        (v,) = _I8.unpack_from(self.buf, self.pos)
+        self.pos += 1
+        return int(v)
+
+    def byte(self) -> str:
+        b = self.buf[self.pos : self.pos + 1]
+        if not b:
+            raise ProtocolError("message ends early")
+        self.pos += 1
+        return chr(b[0])
+
+    def string(self) -> str:
+        end = self.buf.index(b"\0", self.pos)
+        s = self.buf[self.pos : end].decode("utf-8")
+        self.pos = end + 1
+        return s
+
+    def tuple(self) -> tuple[Datum, ...]:
+        n = self.i16()
+        out: list[Datum] = []
+        buf = self.buf
+        for _ in range(n):
+            kind = self.byte()
+            if kind == "t":
+                size = self.i32()
+                out.append(buf[self.pos : self.pos + size].decode("utf-8"))
+                self.pos += size
+            elif kind == "n":
+                out.append(None)
+            elif kind == "u":
+                out.append(UNCHANGED)
+            elif kind == "b":
+                raise ProtocolError("binary tuple data: start replication without binary=true")
+            else:
+                raise ProtocolError(f"unknown tuple data kind {kind!r}")
+        return tuple(out)
+
+
+def parse_pgoutput(payload: bytes) -> Event | None:
+    """Parse one pgoutput message; None for messages capture does not need (O, Y, M)."""
+    if not payload:
+        raise ProtocolError("empty message")
+    tag = chr(payload[0])
+    r = _Reader(payload)
+    r.pos = 1
+    try:
+        if tag == "B":
+            lsn, ts, xid = _BEGIN.unpack_from(payload, 1)
+            return Begin(final_lsn=lsn, commit_time_us=ts + PG_EPOCH_US, xid=xid)
+        if tag == "C":
+            _flags, lsn, end, ts = _COMMIT.unpack_from(payload, 1)
+            return Commit(commit_lsn=lsn, end_lsn=end, commit_time_us=ts + PG_EPOCH_US)
+        if tag == "I":
+            oid = r.u32()
+            if r.byte() != "N":
+                raise ProtocolError("insert without a new tuple")
+            return Insert(oid=oid, new=r.tuple())
+        if tag == "U":
+            oid = r.u32()
+            kind = r.byte()
+            old: tuple[Datum, ...] | None = None
+            if kind in ("K", "O"):
+                old = r.tuple()
+                kind = r.byte()
+            if kind != "N":
+                raise ProtocolError(f"update without a new tuple (got {kind!r})")
+            return Update(oid=oid, old=old, new=r.tuple())
+        if tag == "D":
+            oid = r.u32()
+            kind = r.byte()
+            if kind not in ("K", "O"):
+                raise ProtocolError(f"delete without an old tuple (got {kind!r})")
+            return Delete(oid=oid, old=r.tuple())
+        if tag == "R":
+            oid = r.u32()
+            namespace = r.string()
+            name = r.string()
+            ident = r.byte()
+            cols: list[RelColumn] = []
+            for _ in range(r.i16()):
+                flags = r.i8()
+                cname = r.string()
+                type_oid = r.u32()
+                typmod = r.i32()
+                cols.append(RelColumn(cname, type_oid, typmod, key=bool(flags & 1)))
+            return Relation(oid, namespace or "pg_catalog", name, ident, tuple(cols))
+        if tag == "T":
+            n = r.i32()
+            options = r.i8()
+            oids = tuple(r.u32() for _ in range(n))
+            return Truncate(oids, cascade=bool(options & 1), restart_identity=bool(options & 2))
+        if tag in ("O", "Y", "M"):
+            return None
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"malformed pgoutput {tag!r} message: {e}") from e
+    raise ProtocolError(f"unknown pgoutput message {tag!r}")
