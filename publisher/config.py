@@ -90,6 +90,8 @@ class PublicationConfig:
     heartbeat_s: float = 5.0
     batch_entries: int = 1000
     batch_bytes: int = 4 * 1024 * 1024
+    retain_max_bytes: int = 0  # 0: no size limit (keep what valid subscribers need)
+    retain_max_age_s: float = 0.0  # 0: no age limit
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
@@ -140,6 +142,7 @@ class PublisherConfig:
     listen: str = "127.0.0.1:7400"
     data_dir: str = "var/publisher"
     poll_interval_ms: int = 5
+    retention_interval_s: float = 30.0
     publication: list[PublicationConfig] = dataclasses.field(default_factory=list)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
     metrics_listen: str = "127.0.0.1:9464"

@@ -49,6 +49,7 @@ from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
 from publisher.registry import Registry
+from publisher.retention import retention_loop
 from publisher.service import AdminService, ReplicationService, subscriber_info
 
 __all__ = ["Publisher", "run"]
@@ -335,10 +336,14 @@ class Publisher:
         if ready is not None:
             ready.set()
         watchdog = asyncio.create_task(self._watchdog())
+        retention = asyncio.create_task(
+            retention_loop(self.publications, self.registry, cfg.retention_interval_s)
+        )
         try:
             await self.stop_event.wait()
         finally:
             watchdog.cancel()
+            retention.cancel()
             log.info("publisher stopping")
             await self.endpoint.not_serving()
             self.notifier.stopping()
