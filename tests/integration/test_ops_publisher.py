@@ -186,16 +186,32 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path: Path, certs: Certs) 
         assert _health(pub.address, full) == "SERVING"
         # The health check command used by containers speaks the same options.
         ok = subprocess.run(
-            [sys.executable, "-m", "common.healthcheck", pub.address, "--ca", str(certs.ca),
-             "--cert", str(certs.client_cert), "--key", str(certs.client_key)],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "common.healthcheck",
+                pub.address,
+                "--ca",
+                str(certs.ca),
+                "--cert",
+                str(certs.client_cert),
+                "--key",
+                str(certs.client_key),
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert ok.returncode == 0, ok.stderr
         assert ok.stdout.strip() == "SERVING"
         bad = subprocess.run(
             [sys.executable, "-m", "common.healthcheck", pub.address, "--ca", str(certs.ca)],
-            cwd=ROOT, capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert bad.returncode == 1
         assert "unhealthy" in bad.stderr
     finally:
@@ -361,8 +377,12 @@ def test_plaintext_off_loopback_refused_unless_allowed(tmp_path: Path, certs: Ce
         env = {k: v for k, v in os.environ.items() if not k.startswith("TXREPL_")}
         return subprocess.run(
             [sys.executable, "-m", "common.cli", "config", "check", str(path)],
-            cwd=ROOT, capture_output=True, text=True, timeout=30, env=env,
-        )  # fmt: skip
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env=env,
+        )
 
     refused = check(base + 'listen = "0.0.0.0:7400"\n')
     assert refused.returncode == 2
