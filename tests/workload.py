@@ -12,7 +12,7 @@ import hashlib
 import random
 import sqlite3
 import string
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -172,7 +172,9 @@ def w1_checksum(conn: Any) -> str:
     return h.hexdigest()
 
 
-def diff_tables(src: Any, dst: Any, tables: dict[str, Sequence[str]], limit: int = 10) -> list[str]:
+def diff_tables(
+    src: Any, dst: Any, tables: Mapping[str, Sequence[str]], limit: int = 10
+) -> list[str]:
     """Human-readable differences between two databases, at most ``limit`` lines."""
     problems: list[str] = []
     for table, cols in tables.items():

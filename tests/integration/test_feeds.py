@@ -242,7 +242,7 @@ async def test_twenty_subscribers_in_sync_converge(pub: Pub) -> None:
         got = {t: [tuple(r[: len(c)]) for r in snap[t]] for t, c in LEDGER_COLUMNS.items()}
         # amounts travel as exact decimals; compare as text with two places
         for rows in (got["ledger"], expected["ledger"]):
-            rows[:] = [(r[0], r[1], f"{float(r[2]):.2f}", r[3]) for r in rows]
+            rows[:] = [(r[0], r[1], f"{float(str(r[2])):.2f}", r[3]) for r in rows]
         assert got == expected, s.name
     infos = pub.subscribers()
     assert all(infos[s.name].level == head for s in subs)

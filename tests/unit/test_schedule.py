@@ -9,8 +9,8 @@ import pytest
 from subscriber.schedule import Schedule
 
 
-def ts(*args: int) -> float:
-    return dt.datetime(*args, tzinfo=dt.UTC).timestamp()  # type: ignore[misc]
+def ts(year: int, month: int, day: int, hour: int = 0, minute: int = 0) -> float:
+    return dt.datetime(year, month, day, hour, minute, tzinfo=dt.UTC).timestamp()
 
 
 def test_times_of_day_on_weekdays() -> None:
