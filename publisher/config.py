@@ -86,6 +86,7 @@ class PublicationConfig:
     tables: list[str] = dataclasses.field(default_factory=list)
     max_delta: int = 1_000_000
     queue_threshold: int = 10_000
+    queue_threshold_bytes: int = 0  # 0: no byte limit
     send_timeout_s: float = 30.0
     heartbeat_s: float = 5.0
     batch_entries: int = 1000
@@ -143,6 +144,7 @@ class PublisherConfig:
     data_dir: str = "var/publisher"
     poll_interval_ms: int = 5
     retention_interval_s: float = 30.0
+    registry_url: str = ""  # SQLAlchemy URL; default sqlite:///<data_dir>/registry.db
     publication: list[PublicationConfig] = dataclasses.field(default_factory=list)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
     metrics_listen: str = "127.0.0.1:9464"
@@ -165,6 +167,15 @@ class PublisherConfig:
             raise ValueError(
                 f"publication names must be unique; repeated: {', '.join(sorted(dup))}"
             )
+        if self.registry_url:
+            import sqlalchemy
+
+            try:
+                sqlalchemy.engine.make_url(self.registry_url)
+            except sqlalchemy.exc.ArgumentError:
+                raise ValueError(
+                    f"registry_url {self.registry_url!r} is not a SQLAlchemy URL"
+                ) from None
         if self.poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be positive")
         self._check_operations()

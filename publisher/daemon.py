@@ -266,7 +266,9 @@ class Publisher:
                 segment_bytes=cfg.log.segment_bytes,
             )
             self.publications[pc.name] = Publication(pc, plog)
-        self.registry = MeteredRegistry(f"sqlite:///{self.data_dir / 'registry.db'}")
+        self.registry = MeteredRegistry(
+            cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
+        )
         if cfg.source.startswith("sqlite:///"):
             self.capture = SqliteCapture(cfg.sqlite_source_path)
             for pub in self.publications.values():

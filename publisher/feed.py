@@ -11,6 +11,7 @@ State machine (one feed per Sync stream)::
     IN_SYNC: wait for new entries (no polling); send them as they become durable;
       │       Heartbeat(head) when idle for heartbeat_s
       ├─ head - acked > queue_threshold ──────▶ CUT "queue threshold"
+      ├─ bytes sent, unacked > queue_threshold_bytes (if set) ▶ CUT "queue threshold"
       ├─ a send blocked > send_timeout_s      ──▶ CUT "send timeout"
       └─ shutdown                             ──▶ CUT "publisher shutting down"
 
@@ -43,6 +44,7 @@ Hot path: the entries travel as the bytes stored in the log.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -75,6 +77,14 @@ class Feed:
     last_sent: int = 0
     acked: int = 0
     started: float = field(default_factory=time.time)
+    # (last seq of a sent batch, its bytes), oldest first, until acknowledged
+    inflight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
+    inflight_bytes: int = 0
+
+    def acknowledge(self, level: int) -> None:
+        self.acked = level
+        while self.inflight and self.inflight[0][0] <= level:
+            self.inflight_bytes -= self.inflight.popleft()[1]
 
 
 class FeedManager:
@@ -263,7 +273,7 @@ class FeedManager:
                         acked=feed.acked,
                     )
                     continue
-                feed.acked = level
+                feed.acknowledge(level)
                 await asyncio.to_thread(self.registry.ack, pub.name, feed.subscriber, level)
 
     async def _send(
@@ -330,6 +340,19 @@ class FeedManager:
                     )
                 next_seq += len(payloads)
                 feed.last_sent = next_seq - 1
+                size = sum(map(len, payloads))
+                feed.inflight.append((feed.last_sent, size))
+                feed.inflight_bytes += size
+                if (
+                    feed.state == "in_sync"
+                    and cfg.queue_threshold_bytes
+                    and feed.inflight_bytes > cfg.queue_threshold_bytes
+                ):
+                    return self._cut(
+                        feed,
+                        f"queue threshold: {feed.inflight_bytes} bytes sent but not yet applied "
+                        f"> {cfg.queue_threshold_bytes}",
+                    )
                 continue
             if feed.state == "syncing":
                 feed.state = "in_sync"

@@ -28,18 +28,21 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
+from typing import Literal
 
 from common.config import load_toml, parse_address
 from common.security import ClientTls, ServerTls, check_hash, check_listen
 from subscriber.schedule import Schedule
 
 __all__ = [
+    "ApplyConfig",
     "BackoffConfig",
     "BatchConfig",
     "ControlAuthConfig",
     "SparkConfig",
     "SubscriberConfig",
     "SubscriptionConfig",
+    "TableApplyConfig",
     "load_config",
 ]
 
@@ -144,6 +147,36 @@ class ControlAuthConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class TableApplyConfig:
+    """``[apply.tables.<source table>]``: transforms (Spark SQL) and history mode."""
+
+    target: str = ""  # another target table name
+    rename: dict[str, str] = dataclasses.field(default_factory=dict)  # source -> target column
+    drop: list[str] = dataclasses.field(default_factory=list)  # source columns not replicated
+    computed: dict[str, str] = dataclasses.field(default_factory=dict)  # column -> expression
+    filter: str = ""  # Spark SQL predicate; rows that leave it are deleted on the target
+    history: bool = False  # keep every version (SCD type 2) instead of overwriting
+
+
+@dataclasses.dataclass(frozen=True)
+class ApplyConfig:
+    """``[apply]``: how batches are written to the target (see docs/apply.md)."""
+
+    role: str = ""  # PostgreSQL: SET LOCAL ROLE for the apply (the replay role)
+    replication_role: Literal["replica", "origin", "local"] = "replica"
+    error_policy: Literal["stop", "skip"] = "stop"  # after a poisoned entry is stored
+    retries: int = 5  # attempts for transient target errors (connection lost, lock timeout)
+    jdbc_min_rows: int = 0  # PostgreSQL: Spark JDBC staging from this many row changes (0: off)
+    tables: dict[str, TableApplyConfig] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.retries < 1:
+            raise ValueError("apply.retries must be at least 1")
+        if self.jdbc_min_rows < 0:
+            raise ValueError("apply.jdbc_min_rows must not be negative")
+
+
+@dataclasses.dataclass(frozen=True)
 class SubscriberConfig:
     server_name: str
     target: str
@@ -158,6 +191,7 @@ class SubscriberConfig:
     tls: ServerTls = dataclasses.field(default_factory=ServerTls)
     auth: ControlAuthConfig = dataclasses.field(default_factory=ControlAuthConfig)
     config_dir: str = "."
+    apply: ApplyConfig = dataclasses.field(default_factory=ApplyConfig)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.server_name):
@@ -166,6 +200,13 @@ class SubscriberConfig:
         if not (self.target.startswith("sqlite:///") or self.target.startswith("postgresql")):
             raise ValueError(
                 f"target {self.target!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+            )
+        pairs = [(s.publisher, s.publication) for s in self.subscription]
+        twice = sorted({f"{a}.{b}" for a, b in pairs if pairs.count((a, b)) > 1})
+        if twice:
+            raise ValueError(
+                f"publication subscribed twice: {', '.join(twice)} (the publisher keeps one "
+                "level per subscriber server and publication)"
             )
         ids = [s.id for s in self.subscription]
         dup = {i for i in ids if ids.count(i) > 1}

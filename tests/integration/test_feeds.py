@@ -244,7 +244,12 @@ async def test_twenty_subscribers_in_sync_converge(pub: Pub) -> None:
         for rows in (got["ledger"], expected["ledger"]):
             rows[:] = [(r[0], r[1], f"{float(str(r[2])):.2f}", r[3]) for r in rows]
         assert got == expected, s.name
-    infos = pub.subscribers()
-    assert all(infos[s.name].level == head for s in subs)
+    # The registry records each feed's acked level (asynchronously, shortly after the ack).
+    async def recorded() -> None:
+        while not all(i.level == head for i in pub.subscribers().values()):
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(recorded(), 10)
+    assert len(pub.subscribers()) == 20
     for s in subs:
         await s.close()
