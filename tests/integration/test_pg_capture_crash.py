@@ -188,7 +188,9 @@ def test_sigkill_during_capture_loses_and_duplicates_nothing(
         key_table = tables[0]
         ids = [r[3][1] for r in row_ops(streamed) if r[0] == key_table and r[1] == "INSERT"]
         assert ids, f"{name}: nothing streamed"
-        assert ids == list(range(ids[0], n + 1)), f"{name}: gap or duplicate"
+        first = ids[0]
+        assert isinstance(first, int)
+        assert ids == list(range(first, n + 1)), f"{name}: gap or duplicate"
         assert model["shared"][1] == [1, n]
         snapshots = sum(1 for r in row_ops(entries) if r[1] == "TRUNCATE" and r[0] == key_table)
         print(f"{name}: {len(entries)} entries, {snapshots} snapshot(s) of {key_table}, {n} txns")
