@@ -35,14 +35,12 @@ from collections.abc import Callable
 from typing import Final
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode
 
 __all__ = [
     "SESSION_GUCS",
     "TypeInfo",
     "builtin_type",
     "numeric_typmod",
-    "parse_text",
     "to_value",
 ]
 
@@ -94,16 +92,16 @@ def numeric_typmod(typmod: int) -> tuple[int, int]:
 
 
 class TypeInfo:
-    """The logical type of one column: its ColumnType, precision, scale and parser."""
+    """The logical type of one column: its ColumnType, precision, scale and encoder."""
 
-    __slots__ = ("ctype", "parse", "precision", "scale", "source_type")
+    __slots__ = ("ctype", "encode", "precision", "scale", "source_type")
 
     def __init__(self, ctype: int, precision: int, scale: int, source_type: str) -> None:
         self.ctype = ctype
         self.precision = precision
         self.scale = scale
         self.source_type = source_type
-        self.parse: Callable[[str], object] = _PARSERS.get(ctype, _text)
+        self.encode: Callable[[str], pb.Value] = _encoder(int(ctype), scale)
 
     def column(self, name: str, nullable: bool) -> pb.Column:
         return pb.Column(
@@ -116,66 +114,105 @@ class TypeInfo:
         )
 
 
-def _text(s: str) -> object:
-    return s
+# Plain ints: attribute access on the generated enum wrapper costs microseconds.
+_INTEGER = int(T.COLUMN_TYPE_INTEGER)
+_DECIMAL = int(T.COLUMN_TYPE_DECIMAL)
+_FLOAT = int(T.COLUMN_TYPE_FLOAT)
+_BYTES = int(T.COLUMN_TYPE_BYTES)
+_BOOLEAN = int(T.COLUMN_TYPE_BOOLEAN)
+_DATE = int(T.COLUMN_TYPE_DATE)
+_TIME = int(T.COLUMN_TYPE_TIME)
+_TIMESTAMP = int(T.COLUMN_TYPE_TIMESTAMP)
+_TIMESTAMPTZ = int(T.COLUMN_TYPE_TIMESTAMPTZ)
+_JSON = int(T.COLUMN_TYPE_JSON)
+
+_EPOCH_DATE_ORD: Final = dt.date(1970, 1, 1).toordinal()
+_EPOCH: Final = dt.datetime(1970, 1, 1)
+_EPOCH_UTC: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NULL: Final = pb.Value(null=True)
 
 
-def _bytea(s: str) -> object:
-    if s.startswith("\\x"):
-        return bytes.fromhex(s[2:])
-    raise ValueError(f"bytea not in hex format: {s[:20]!r}")
+def _micros(delta: dt.timedelta) -> int:
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _bool(s: str) -> object:
-    if s in ("t", "true"):
-        return True
-    if s in ("f", "false"):
-        return False
-    raise ValueError(f"not a boolean: {s!r}")
+def _encoder(ctype: int, scale: int) -> Callable[[str], pb.Value]:
+    """text output -> Value, the same as ``common.values.encode`` of the parsed value."""
+    V = pb.Value
+    if ctype == _INTEGER:
+        return lambda s: V(int=int(s))
+    if ctype == _DECIMAL:
+        quantum = decimal.Decimal(1).scaleb(-scale) if scale else None
 
+        def dec(s: str) -> pb.Value:
+            d = decimal.Decimal(s)
+            if quantum is not None and d.is_finite():
+                d = d.quantize(quantum)
+            return V(decimal=str(d))
 
-def _date(s: str) -> object:
-    return dt.date.fromisoformat(s)
+        return dec
+    if ctype == _FLOAT:
+        return lambda s: V(float=float(s))
+    if ctype == _BYTES:
 
+        def blob(s: str) -> pb.Value:
+            if not s.startswith("\\x"):
+                raise ValueError(f"bytea not in hex format: {s[:20]!r}")
+            return V(blob=bytes.fromhex(s[2:]))
 
-def _time(s: str) -> object:
-    return dt.time.fromisoformat(s)
+        return blob
+    if ctype == _BOOLEAN:
 
+        def boolean(s: str) -> pb.Value:
+            if s in ("t", "true"):
+                return V(boolean=True)
+            if s in ("f", "false"):
+                return V(boolean=False)
+            raise ValueError(f"not a boolean: {s!r}")
 
-def _timestamp(s: str) -> object:
-    return dt.datetime.fromisoformat(s)
+        return boolean
+    if ctype == _DATE:
+        return lambda s: V(date=dt.date.fromisoformat(s).toordinal() - _EPOCH_DATE_ORD)
+    if ctype == _TIME:
 
+        def time_us(s: str) -> pb.Value:
+            t = dt.time.fromisoformat(s)
+            return V(time_us=((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond)
 
-def _timestamptz(s: str) -> object:
-    ts = dt.datetime.fromisoformat(s)
-    if ts.tzinfo is None:
-        raise ValueError(f"timestamptz without an offset: {s!r}")
-    return ts.astimezone(dt.UTC)
+        return time_us
+    if ctype == _TIMESTAMP:
 
+        def timestamp(s: str) -> pb.Value:
+            ts = dt.datetime.fromisoformat(s)
+            if ts.tzinfo is not None:
+                raise ValueError(f"timestamp with an offset: {s!r}")
+            return V(timestamp_us=_micros(ts - _EPOCH))
 
-_PARSERS: Final[dict[int, Callable[[str], object]]] = {
-    T.COLUMN_TYPE_INTEGER: int,
-    T.COLUMN_TYPE_DECIMAL: decimal.Decimal,
-    T.COLUMN_TYPE_FLOAT: float,
-    T.COLUMN_TYPE_BYTES: _bytea,
-    T.COLUMN_TYPE_BOOLEAN: _bool,
-    T.COLUMN_TYPE_DATE: _date,
-    T.COLUMN_TYPE_TIME: _time,
-    T.COLUMN_TYPE_TIMESTAMP: _timestamp,
-    T.COLUMN_TYPE_TIMESTAMPTZ: _timestamptz,
-}
+        return timestamp
+    if ctype == _TIMESTAMPTZ:
 
+        def timestamptz(s: str) -> pb.Value:
+            ts = dt.datetime.fromisoformat(s)
+            if ts.tzinfo is None:
+                raise ValueError(f"timestamptz without an offset: {s!r}")
+            # The session runs in UTC; PostgreSQL keeps no zone, so the offset is 0.
+            return V(timestamptz=pb.TimestampTz(utc_us=_micros(ts - _EPOCH_UTC), offset_s=0))
 
-def parse_text(text: str, info: TypeInfo) -> object:
-    """The Python value of a text-output ``text``; the text itself when Python cannot hold it."""
-    try:
-        return info.parse(text)
-    except (ValueError, ArithmeticError):
-        return text
+        return timestamptz
+    if ctype == _JSON:
+        return lambda s: V(json=s)
+    return lambda s: V(text=s)
 
 
 def to_value(text: str | None, info: TypeInfo) -> pb.Value:
-    """Encode one text-output value (None = NULL) as a txrepl Value of the column's type."""
+    """Encode one text-output value (None = NULL) as a txrepl Value of the column's type.
+
+    A value Python cannot hold (``infinity``, BC dates, ``24:00:00``, years past 9999)
+    is carried as its text rather than lost.
+    """
     if text is None:
-        return encode(None)
-    return encode(parse_text(text, info), info.ctype, info.scale)
+        return _NULL
+    try:
+        return info.encode(text)
+    except (ValueError, ArithmeticError, OverflowError):
+        return pb.Value(text=text)

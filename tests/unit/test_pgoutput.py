@@ -167,3 +167,34 @@ def test_wal2json_messages_become_events() -> None:
     assert list(dec.decode(commit)) == [Commit(0x28, 0x58, 1_704_067_200_000_000)]
     with pytest.raises(ProtocolError):
         list(dec.decode(b"{not json"))
+
+
+@pytest.mark.parametrize(
+    ("ctype", "scale", "value", "text"),
+    [
+        (T.COLUMN_TYPE_INTEGER, 0, 42, "42"),
+        (T.COLUMN_TYPE_DECIMAL, 3, decimal.Decimal("1.5"), "1.500"),
+        (T.COLUMN_TYPE_DECIMAL, 0, decimal.Decimal("0.0000001"), "0.0000001"),
+        (T.COLUMN_TYPE_FLOAT, 0, 1e300, "1e+300"),
+        (T.COLUMN_TYPE_TEXT, 0, "ü", "ü"),
+        (T.COLUMN_TYPE_BYTES, 0, b"\x01", "\\x01"),
+        (T.COLUMN_TYPE_BOOLEAN, 0, True, "t"),
+        (T.COLUMN_TYPE_DATE, 0, dt.date(1969, 12, 31), "1969-12-31"),
+        (T.COLUMN_TYPE_TIME, 0, dt.time(1, 2, 3, 4), "01:02:03.000004"),
+        (T.COLUMN_TYPE_TIMESTAMP, 0, dt.datetime(1900, 1, 1), "1900-01-01 00:00:00"),
+        (
+            T.COLUMN_TYPE_TIMESTAMPTZ,
+            0,
+            dt.datetime(2000, 1, 1, tzinfo=dt.UTC),
+            "2000-01-01 00:00:00+00",
+        ),
+        (T.COLUMN_TYPE_JSON, 0, "[1]", "[1]"),
+    ],
+)
+def test_fast_encoder_matches_common_encode(
+    ctype: int, scale: int, value: object, text: str
+) -> None:
+    """The capture's direct text encoder gives the very Value common.values.encode gives."""
+    from common.values import encode
+
+    assert to_value(text, TypeInfo(ctype, 0, scale, "x")) == encode(value, ctype, scale)
