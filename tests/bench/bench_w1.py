@@ -1,0 +1,910 @@
+"""Workload W1 (../shared/bench/W1.md): txrepl against PostgreSQL's own logical replication.
+
+Configurations, each measured the same way in the same run:
+
+``txrepl sqlite``   SQLite source → publisher → gRPC → subscriber (Spark) → SQLite target
+``pg native``       PostgreSQL 15 publication → subscription (copy_data = false), two
+                    private clusters
+``txrepl pg``       PostgreSQL → PostgreSQL through txrepl, when the publisher has
+                    PostgreSQL capture and the subscriber a PostgreSQL target; otherwise
+                    a ``skipped: <reason>`` row
+
+Measurements (each ``TXREPL_BENCH_RUNS`` times, default 3; medians and ranges):
+
+catch-up   the subscriber is stopped (txrepl: not started; PostgreSQL: subscription
+           disabled); the whole stream (T + 1 transactions) runs on the source; the
+           subscriber starts; the clock stops when the target shows transaction T
+           (``max(orders.id) = T``: both systems apply in commit order, so T visible
+           means everything before it is), then source and target checksums are
+           compared.  Row changes/s and txn/s are over the *apply* time: for txrepl
+           from the subscriber's first ``syncing`` state (so Spark's start-up, reported
+           separately as ``startup_s``, is excluded), for PostgreSQL from
+           ``ALTER SUBSCRIPTION … ENABLE``.
+lag        the subscriber is running and in sync after transaction 0; transactions
+           1..L run at 1,000 txn/s, then L+1..2L at full speed (L = TXREPL_BENCH_LAG_T).
+           For every 100th transaction, lag = its visibility on the target minus the
+           return of its COMMIT on the source.  Visibility is watched by a separate
+           process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
+           0.5 ms, so the poller does not share a GIL with the source writer.
+
+Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
+20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000).
+
+    .venv/bin/python -m tests.bench w1
+"""
+
+from __future__ import annotations
+
+import contextlib
+import decimal
+import multiprocessing as mp
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.harness import Daemon, Pair, to_toml, wait_until
+from tests.workload import W1, Stmt, sqlite_source, w1_checksum
+
+EXPECTED_T100K = {
+    "transactions": 100_001,
+    "row_changes": 234_986,
+    "account_inserts": 10_000,
+    "order_inserts": 100_000,
+    "account_updates": 100_000,
+    "order_updates": 19_962,
+    "order_deletes": 5_024,
+}
+MARK_EVERY = 100
+POLL_S = 0.0005
+
+
+@contextlib.contextmanager
+def scrubbed_bench_env() -> Iterator[None]:
+    """Hide TXREPL_BENCH_* from the daemons started meanwhile.
+
+    The daemons read TXREPL_* variables as configuration overrides and refuse
+    unknown keys, so ``TXREPL_BENCH_T`` would stop them with "bench_t: unknown key".
+    """
+    saved = {k: v for k, v in os.environ.items() if k.startswith("TXREPL_BENCH_")}
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "")
+    return int(value) if value.strip() else default
+
+
+@dataclass(frozen=True)
+class Settings:
+    t: int = 100_000
+    lag_t: int = 20_000
+    runs: int = 3
+    rate: int = 1000
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        t = _env_int("TXREPL_BENCH_T", 100_000)
+        return cls(
+            t=t,
+            lag_t=_env_int("TXREPL_BENCH_LAG_T", min(t, 20_000)),
+            runs=_env_int("TXREPL_BENCH_RUNS", 3),
+            rate=_env_int("TXREPL_BENCH_RATE", 1000),
+        )
+
+
+# -- the stream -------------------------------------------------------------------------
+
+
+def generate(count: int) -> list[list[Stmt]]:
+    """Transactions 0..count-1 of W1 (pre-generated, so pacing is not disturbed)."""
+    return list(W1().transactions(count))
+
+
+def stream_counts(txns: Sequence[list[Stmt]]) -> dict[str, int]:
+    """Row changes of a stream by kind (every W1 statement changes exactly one row)."""
+    c = dict.fromkeys(EXPECTED_T100K, 0)
+    c["transactions"] = len(txns)
+    for stmts in txns:
+        for sql, _ in stmts:
+            kind = (
+                "account_inserts"
+                if sql.startswith("INSERT INTO accounts")
+                else "order_inserts"
+                if sql.startswith("INSERT INTO orders")
+                else "account_updates"
+                if sql.startswith("UPDATE accounts")
+                else "order_updates"
+                if sql.startswith("UPDATE orders")
+                else "order_deletes"
+            )
+            c[kind] += 1
+            c["row_changes"] += 1
+    return c
+
+
+def check_generator(t: int, counts: dict[str, int]) -> None:
+    """W1.md's expected counts for T = 100,000, as a self-check of the generator."""
+    if t == 100_000 and counts != EXPECTED_T100K:
+        raise AssertionError(f"W1 generator drifted: {counts} != {EXPECTED_T100K}")
+
+
+# -- sources and targets ----------------------------------------------------------------
+
+
+def _pg_param(v: Any) -> Any:
+    return v
+
+
+class Source:
+    """Runs transactions on a source database, one database transaction each."""
+
+    def __init__(self, kind: str, conn: Any) -> None:
+        self.kind = kind
+        self.conn = conn
+
+    def execute(self, stmts: list[Stmt]) -> None:
+        conn = self.conn
+        if self.kind == "sqlite":
+            conn.execute("BEGIN IMMEDIATE")
+            for sql, params in stmts:
+                conn.execute(
+                    sql.replace("{p}", "?"),
+                    tuple(str(v) if isinstance(v, decimal.Decimal) else v for v in params),
+                )
+            conn.execute("COMMIT")
+        else:
+            with conn.transaction():
+                cur = conn.cursor()
+                for sql, params in stmts:
+                    cur.execute(sql.replace("{p}", "%s"), params)
+
+    def durable(self, on: bool) -> None:
+        """PostgreSQL: synchronous_commit for this session (off while loading a backlog)."""
+        if self.kind == "pg":
+            self.conn.execute(f"SET synchronous_commit = {'on' if on else 'off'}")
+
+    def checksum(self) -> str:
+        return w1_checksum(self.conn)
+
+
+def target_connect(kind: str, where: str) -> Any:
+    if kind == "sqlite":
+        return sqlite3.connect(f"file:{where}?mode=ro", uri=True, timeout=30)
+    import psycopg
+
+    return psycopg.connect(where, autocommit=True)
+
+
+def target_scalar(conn: Any, sql: str) -> int:
+    try:
+        cur = conn.cursor()
+        cur.execute(sql)
+        row = cur.fetchone()
+        return int(row[0] or 0) if row else 0
+    except Exception:  # the table may not exist yet on a fresh target
+        return 0
+
+
+def run_stream(
+    source: Source,
+    txns: Sequence[list[Stmt]],
+    first_id: int,
+    rate: float | None,
+) -> tuple[dict[int, float], float]:
+    """Run ``txns`` (ids first_id..) paced at ``rate`` txn/s (None: full speed).
+
+    Returns the commit wall time of every MARK_EVERY-th transaction and the achieved rate.
+    """
+    commits: dict[int, float] = {}
+    started = time.perf_counter()
+    for n, stmts in enumerate(txns):
+        if rate is not None:
+            due = started + n / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+        source.execute(stmts)
+        i = first_id + n
+        if i % MARK_EVERY == 0:
+            commits[i] = time.time()
+    elapsed = time.perf_counter() - started
+    return commits, len(txns) / elapsed if elapsed > 0 else 0.0
+
+
+def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> None:
+    """Child process: wall time at which each marker id becomes visible on the target."""
+    conn = None
+    seen: dict[int, float] = {}
+    pending = sorted(markers)
+    k = 0
+    while k < len(pending) and not stop.is_set():
+        if conn is None:
+            try:
+                conn = target_connect(kind, where)
+            except Exception:
+                time.sleep(0.05)
+                continue
+        top = target_scalar(conn, "SELECT max(id) FROM orders")
+        now = time.time()
+        while k < len(pending) and pending[k] <= top:
+            seen[pending[k]] = now
+            k += 1
+        if kind == "pg":
+            # autocommit: every SELECT is its own snapshot; nothing to end
+            pass
+        time.sleep(POLL_S)
+    out.put(seen)
+
+
+@contextlib.contextmanager
+def visibility_poller(
+    kind: str, where: str, markers: list[int]
+) -> Iterator[Callable[[float], dict[int, float]]]:
+    """Start a poller process; yields ``collect(timeout)`` returning marker → visible time."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    stop = ctx.Event()
+    proc = ctx.Process(target=_poller, args=(kind, where, markers, out, stop), daemon=True)
+    proc.start()
+
+    def collect(timeout: float) -> dict[int, float]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.is_alive():
+            with contextlib.suppress(Exception):
+                return dict(out.get(timeout=0.2))
+        stop.set()
+        try:
+            return dict(out.get(timeout=10))
+        except Exception:
+            return {}
+
+    try:
+        yield collect
+    finally:
+        stop.set()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+# -- systems under test -----------------------------------------------------------------
+
+
+class Rig:
+    """One configuration: fresh source and target per run; the subscriber started on demand."""
+
+    name = ""
+    target_kind = "sqlite"
+    target_where = ""
+
+    def setup(self, run: int) -> Source:
+        raise NotImplementedError
+
+    def wait_captured(self) -> None:
+        """After loading a backlog: wait until the publisher side holds all of it."""
+
+    def start_subscriber(self) -> tuple[float, float]:
+        """Start applying; returns (start-up seconds, wall time the apply began)."""
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        raise NotImplementedError
+
+    def target(self) -> Any:
+        return target_connect(self.target_kind, self.target_where)
+
+
+class TxreplSqlite(Rig):
+    name = "txrepl sqlite"
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.pair: Pair | None = None
+        self.src: sqlite3.Connection | None = None
+
+    def setup(self, run: int) -> Source:
+        work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-{run}-", dir=self.base))
+        self.pair = Pair(work, tables=["accounts", "orders"])
+        self.src = sqlite_source(self.pair.source_path)
+        self.pair.start_publisher()
+        self.target_where = str(self.pair.target_path)
+        return Source("sqlite", self.src)
+
+    def wait_captured(self) -> None:
+        assert self.src is not None
+        wait_until(
+            lambda: (
+                self.src is not None
+                and self.src.execute("SELECT count(*) FROM _txrepl_capture").fetchone()[0] == 0
+            ),
+            600,
+            "capture to drain",
+        )
+
+    def start_subscriber(self) -> tuple[float, float]:
+        pair = self.pair
+        assert pair is not None
+        launched = time.time()
+        pair.start_subscriber()
+
+        def syncing() -> bool:
+            st = pair.status()
+            return st.state == "in_sync" or any(t.state == "syncing" for t in st.timeline)
+
+        wait_until(syncing, 300, "the subscriber to start syncing")
+        first = next(
+            (t.at_us / 1e6 for t in pair.status().timeline if t.state == "syncing"),
+            time.time(),
+        )
+        return first - launched, first
+
+    def teardown(self) -> None:
+        if self.pair is not None:
+            self.pair.stop()
+        if self.src is not None:
+            self.src.close()
+        self.pair = None
+        self.src = None
+
+
+class PgNative(Rig):
+    name = "pg native"
+    target_kind = "pg"
+
+    def __init__(self, src_server: Any, dst_server: Any) -> None:
+        self.src_server = src_server
+        self.dst_server = dst_server
+        self.rep: Any = None
+        self.conn: Any = None
+        self.dbs: tuple[str, str] = ("", "")
+
+    def setup(self, run: int) -> Source:
+        from tests.bench._pg import libpq_conninfo, native_subscribe, pg_source
+
+        stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
+        sdb, ddb = f"w1src_{stamp}", f"w1dst_{stamp}"
+        src_dsn = self.src_server.create_database(sdb)
+        dst_dsn = self.dst_server.create_database(ddb)
+        self.dbs = (sdb, ddb)
+        self.conn = pg_source(src_dsn)
+        self.rep = native_subscribe(
+            libpq_conninfo(self.src_server, sdb), src_dsn, dst_dsn, f"w1_{stamp}"
+        )
+        self.rep.set_enabled(False)
+        self.target_where = dst_dsn
+        return Source("pg", self.conn)
+
+    def wait_captured(self) -> None:
+        # Decoding reads flushed WAL: one synchronous commit flushes the whole backlog.
+        self.conn.execute("SET synchronous_commit = on")
+        with self.conn.transaction():
+            self.conn.execute("SELECT pg_current_xact_id()")
+
+    def start_subscriber(self) -> tuple[float, float]:
+        began = time.time()
+        self.rep.set_enabled(True)
+        return 0.0, began
+
+    def teardown(self) -> None:
+        if self.rep is not None:
+            with contextlib.suppress(Exception):
+                self.rep.drop()
+        if self.conn is not None:
+            self.conn.close()
+        for server, db in zip((self.src_server, self.dst_server), self.dbs, strict=True):
+            if db:
+                with contextlib.suppress(Exception):
+                    server.drop_database(db)
+        self.rep = self.conn = None
+        self.dbs = ("", "")
+
+
+class TxreplPg(Rig):
+    """PostgreSQL → PostgreSQL through txrepl (needs PostgreSQL capture and writer)."""
+
+    name = "txrepl pg"
+    target_kind = "pg"
+
+    def __init__(self, base: Path, src_server: Any, dst_server: Any) -> None:
+        self.base = base
+        self.src_server = src_server
+        self.dst_server = dst_server
+        self.conn: Any = None
+        self.pub: Daemon | None = None
+        self.sub: Daemon | None = None
+        self.work: Path | None = None
+        self.dbs: tuple[str, str] = ("", "")
+
+    def setup(self, run: int) -> Source:
+        from tests.bench._pg import pg_source
+        from tests.workload import PG_SCHEMA
+
+        stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
+        sdb, ddb = f"w1tsrc_{stamp}", f"w1tdst_{stamp}"
+        src_dsn = self.src_server.create_database(sdb)
+        dst_dsn = self.dst_server.create_database(ddb)
+        self.dbs = (sdb, ddb)
+        self.conn = pg_source(src_dsn)
+        import psycopg
+
+        with psycopg.connect(dst_dsn, autocommit=True) as dst:
+            dst.execute(PG_SCHEMA)
+        self.work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-pg-{run}-", dir=self.base))
+        cfg = {
+            "server_name": "pub1",
+            "listen": "127.0.0.1:0",
+            "data_dir": str(self.work / "publisher"),
+            "source": src_dsn,
+            "poll_interval_ms": 2,
+            "publication": [{"name": "shop", "tables": ["accounts", "orders"]}],
+        }
+        (self.work / "publisher.toml").write_text(to_toml(cfg))
+        self.pub = Daemon(
+            "publisher",
+            self.work / "publisher.toml",
+            self.work / "publisher" / "publisher.addr",
+            self.work / "publisher.log",
+        ).start(timeout=60)
+        self.target_where = dst_dsn
+        self._dst_dsn = dst_dsn
+        return Source("pg", self.conn)
+
+    def wait_captured(self) -> None:
+        from tests.harness import publication_head
+
+        assert self.pub is not None
+        last = -1
+        while True:
+            time.sleep(1.0)
+            head = publication_head(self.pub.address, "shop")
+            if head == last:
+                return
+            last = head
+
+    def start_subscriber(self) -> tuple[float, float]:
+        from tests.harness import subscription_status
+
+        assert self.pub is not None
+        assert self.work is not None
+        cfg = {
+            "server_name": "sub1",
+            "target": self._dst_dsn,
+            "control_listen": "127.0.0.1:0",
+            "data_dir": str(self.work / "subscriber"),
+            "backoff": {"initial_s": 0.1, "max_s": 1.0},
+            "subscription": [
+                {"publisher": "pub1", "address": self.pub.address, "publication": "shop"}
+            ],
+        }
+        (self.work / "subscriber.toml").write_text(to_toml(cfg))
+        launched = time.time()
+        self.sub = Daemon(
+            "subscriber",
+            self.work / "subscriber.toml",
+            self.work / "subscriber" / "subscriber.addr",
+            self.work / "subscriber.log",
+        ).start()
+        sub = self.sub
+
+        def syncing() -> bool:
+            (st,) = subscription_status(sub.address)
+            return st.state == "in_sync" or any(t.state == "syncing" for t in st.timeline)
+
+        wait_until(syncing, 300, "the subscriber to start syncing")
+        (st,) = subscription_status(sub.address)
+        first = next((t.at_us / 1e6 for t in st.timeline if t.state == "syncing"), time.time())
+        return first - launched, first
+
+    def teardown(self) -> None:
+        for d in (self.sub, self.pub):
+            if d is not None:
+                d.stop()
+        if self.conn is not None:
+            self.conn.close()
+        for server, db in zip((self.src_server, self.dst_server), self.dbs, strict=True):
+            if db:
+                with contextlib.suppress(Exception):
+                    server.drop_database(db)
+        self.sub = self.pub = self.conn = None
+        self.dbs = ("", "")
+
+
+def txrepl_pg_support(rig: TxreplPg) -> str | None:
+    """None when PostgreSQL → PostgreSQL through txrepl starts here, else the reason."""
+
+    def hint(e: Exception) -> str:
+        lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+        found = next((ln for ln in reversed(lines) if "rror" in ln or " not " in ln), "")
+        return (found or (lines[0] if lines else type(e).__name__))[:300]
+
+    stage = "publisher with a PostgreSQL source"
+    try:
+        rig.setup(0)
+        stage = "subscriber with a PostgreSQL target"
+        rig.start_subscriber()
+    except Exception as e:
+        return f"{stage} does not start: {hint(e)}"
+    finally:
+        rig.teardown()
+    return None
+
+
+# -- measurements ------------------------------------------------------------------------
+
+
+def catch_up(
+    rig: Rig, txns: Sequence[list[Stmt]], counts: dict[str, int], run: int
+) -> dict[str, Any]:
+    source = rig.setup(run)
+    try:
+        source.durable(False)
+        loaded_at = time.perf_counter()
+        run_stream(source, txns, 0, None)
+        rig.wait_captured()
+        load_s = time.perf_counter() - loaded_at
+        last = len(txns) - 1
+        launched = time.time()
+        startup_s, began = rig.start_subscriber()
+        target = rig.target()
+        try:
+            wait_until(
+                lambda: target_scalar(target, "SELECT max(id) FROM orders") >= last,
+                1800,
+                f"{rig.name}: transaction {last} on the target",
+                interval=0.005,
+            )
+            done = time.time()
+            same = source.checksum() == w1_checksum(target)
+        finally:
+            target.close()
+        apply_s = max(done - began, 1e-9)
+        return {
+            "system": rig.name,
+            "measure": "catch_up",
+            "run": run,
+            "transactions": counts["transactions"],
+            "row_changes": counts["row_changes"],
+            "load_s": round(load_s, 3),
+            "startup_s": round(startup_s, 3),
+            "apply_s": round(apply_s, 3),
+            "total_s": round(done - launched, 3),
+            "row_changes_per_s": round(counts["row_changes"] / apply_s, 1),
+            "txn_per_s": round(counts["transactions"] / apply_s, 1),
+            "checksum_ok": same,
+        }
+    finally:
+        rig.teardown()
+
+
+def _percentile(values: Sequence[float], p: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(p / 100 * (len(s) - 1))))
+    return s[k]
+
+
+def _lag_phase(
+    rig: Rig,
+    source: Source,
+    txns: Sequence[list[Stmt]],
+    first_id: int,
+    rate: int | None,
+) -> dict[str, Any]:
+    markers = [i for i in range(first_id, first_id + len(txns)) if i % MARK_EVERY == 0]
+    with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
+        time.sleep(0.3)  # let the poller connect
+        started = time.time()
+        commits, achieved = run_stream(source, txns, first_id, rate)
+        seen = collect(600)
+    lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
+    ms = [lag for _, lag in lags]
+    return {
+        "rate": "full" if rate is None else rate,
+        "achieved_txn_per_s": round(achieved, 1),
+        "markers": len(markers),
+        "seen": len(lags),
+        "p50_ms": round(_percentile(ms, 50), 2),
+        "p95_ms": round(_percentile(ms, 95), 2),
+        "p99_ms": round(_percentile(ms, 99), 2),
+        "max_ms": round(max(ms), 2) if ms else float("nan"),
+        "series": [(round(t, 3), round(lag, 2)) for t, lag in lags],
+    }
+
+
+def in_sync_lag(
+    rig: Rig, txns: Sequence[list[Stmt]], lag_t: int, rate: int, run: int
+) -> list[dict[str, Any]]:
+    source = rig.setup(run)
+    try:
+        source.durable(True)
+        source.execute(txns[0])
+        rig.start_subscriber()
+        target = rig.target()
+        try:
+            wait_until(
+                lambda: target_scalar(target, "SELECT count(*) FROM accounts") == len(txns[0]),
+                600,
+                f"{rig.name}: transaction 0 on the target",
+                interval=0.05,
+            )
+        finally:
+            target.close()
+        time.sleep(1.0)  # let the subscriber settle in sync
+        rows = []
+        for phase_rate, lo in ((rate, 1), (None, 1 + lag_t)):
+            phase = _lag_phase(rig, source, txns[lo : lo + lag_t], lo, phase_rate)
+            rows.append({"system": rig.name, "measure": "lag", "run": run, **phase})
+        target = rig.target()
+        try:
+            same = source.checksum() == w1_checksum(target)
+        finally:
+            target.close()
+        for r in rows:
+            r["checksum_ok"] = same
+        return rows
+    finally:
+        rig.teardown()
+
+
+# -- summary, table, plot ----------------------------------------------------------------
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 2),
+        "min": round(min(values), 2),
+        "max": round(max(values), 2),
+    }
+
+
+@dataclass
+class Results:
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def of(self, system: str, measure: str, rate: Any = None) -> list[dict[str, Any]]:
+        return [
+            r
+            for r in self.rows
+            if r.get("system") == system
+            and r.get("measure") == measure
+            and (rate is None or r.get("rate") == rate)
+            and "skipped" not in r
+        ]
+
+    def summarise(self, systems: list[str], rate: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for s in systems:
+            cu = self.of(s, "catch_up")
+            if cu:
+                out.append(
+                    {
+                        "system": s,
+                        "measure": "catch_up_summary",
+                        "runs": len(cu),
+                        "row_changes_per_s": _spread([r["row_changes_per_s"] for r in cu]),
+                        "txn_per_s": _spread([r["txn_per_s"] for r in cu]),
+                        "apply_s": _spread([r["apply_s"] for r in cu]),
+                        "startup_s": _spread([r["startup_s"] for r in cu]),
+                        "checksum_ok": all(r["checksum_ok"] for r in cu),
+                    }
+                )
+            for rt in (rate, "full"):
+                lg = self.of(s, "lag", rt)
+                if lg:
+                    out.append(
+                        {
+                            "system": s,
+                            "measure": "lag_summary",
+                            "rate": rt,
+                            "runs": len(lg),
+                            **{
+                                k: _spread([r[k] for r in lg])
+                                for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")
+                            },
+                            "achieved_txn_per_s": _spread([r["achieved_txn_per_s"] for r in lg]),
+                            "checksum_ok": all(r["checksum_ok"] for r in lg),
+                        }
+                    )
+        return out
+
+    def ratios(self, summaries: list[dict[str, Any]], rate: int) -> list[dict[str, Any]]:
+        """txrepl ÷ PostgreSQL native, on medians (throughput: higher is better; lag: lower)."""
+        by = {(s["system"], s["measure"], s.get("rate")): s for s in summaries}
+        out = []
+        for system in ("txrepl sqlite", "txrepl pg"):
+            a, b = (
+                by.get((system, "catch_up_summary", None)),
+                by.get(("pg native", "catch_up_summary", None)),
+            )
+            if a and b:
+                out.append(
+                    {
+                        "system": system,
+                        "measure": "ratio_vs_pg_native",
+                        "what": "catch_up row_changes_per_s",
+                        "ratio": round(
+                            a["row_changes_per_s"]["median"] / b["row_changes_per_s"]["median"], 3
+                        ),
+                    }
+                )
+            for rt in (rate, "full"):
+                a, b = by.get((system, "lag_summary", rt)), by.get(("pg native", "lag_summary", rt))
+                if a and b:
+                    for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms"):
+                        den = b[k]["median"]
+                        out.append(
+                            {
+                                "system": system,
+                                "measure": "ratio_vs_pg_native",
+                                "what": f"lag {k} at {rt}",
+                                "ratio": round(a[k]["median"] / den, 2) if den else None,
+                            }
+                        )
+        return out
+
+
+def print_table(
+    summaries: list[dict[str, Any]], ratios: list[dict[str, Any]], skipped: list[dict[str, Any]]
+) -> None:
+    def m(d: dict[str, float]) -> str:
+        return f"{d['median']:>10,.1f} [{d['min']:,.1f}-{d['max']:,.1f}]"
+
+    print(f"{'system':<15} {'catch-up rows/s (median [range])':<40} {'txn/s':<36} startup_s")
+    for s in summaries:
+        if s["measure"] == "catch_up_summary":
+            ok = "" if s["checksum_ok"] else "  CHECKSUM MISMATCH"
+            print(
+                f"{s['system']:<15} {m(s['row_changes_per_s']):<40} {m(s['txn_per_s']):<36} "
+                f"{s['startup_s']['median']:.1f}{ok}"
+            )
+    print(f"\n{'system':<15} {'rate':<6} {'p50 ms':<26} {'p95 ms':<26} {'p99 ms':<26} max ms")
+    for s in summaries:
+        if s["measure"] == "lag_summary":
+            ok = "" if s["checksum_ok"] else "  CHECKSUM MISMATCH"
+            print(
+                f"{s['system']:<15} {s['rate']!s:<6} {m(s['p50_ms']):<26} {m(s['p95_ms']):<26} "
+                f"{m(s['p99_ms']):<26} {m(s['max_ms'])}{ok}"
+            )
+    if ratios:
+        print("\ntxrepl ÷ PostgreSQL native (medians)")
+        for r in ratios:
+            print(f"  {r['system']:<15} {r['what']:<34} {r['ratio']}")
+    for s in skipped:
+        print(f"{s['system']}: {s['skipped']}")
+
+
+def plot(
+    results_dir: Path, res: Results, summaries: list[dict[str, Any]], rate: int
+) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[dev]')")
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5))
+    for ax, rt in zip(axes[:2], (rate, "full"), strict=True):
+        for r in res.rows:
+            if r.get("measure") == "lag" and r.get("rate") == rt and r.get("series"):
+                xs = [t for t, _ in r["series"]]
+                ys = [lag for _, lag in r["series"]]
+                ax.plot(xs, ys, marker=".", linewidth=0.8, label=f"{r['system']} run {r['run']}")
+        ax.set_title(
+            f"W1 in-sync lag, {rt} txn/s" if rt != "full" else "W1 in-sync lag, full speed"
+        )
+        ax.set_xlabel("seconds since the phase started (commit time)")
+        ax.set_ylabel("commit → visible on target (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    cu = [s for s in summaries if s["measure"] == "catch_up_summary"]
+    names = [s["system"] for s in cu]
+    med = [s["row_changes_per_s"]["median"] for s in cu]
+    lo = [s["row_changes_per_s"]["median"] - s["row_changes_per_s"]["min"] for s in cu]
+    hi = [s["row_changes_per_s"]["max"] - s["row_changes_per_s"]["median"] for s in cu]
+    ax.bar(
+        names,
+        med,
+        yerr=[lo, hi],
+        capsize=6,
+        color=["tab:blue", "tab:orange", "tab:green"][: len(names)],
+    )
+    ax.set_title("W1 catch-up throughput (median, range)")
+    ax.set_ylabel("row changes / s")
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = results_dir / "w1.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# -- entry point -------------------------------------------------------------------------
+
+
+def run(results_dir: Path) -> list[dict[str, Any]]:
+    cfg = Settings.from_env()
+    with scrubbed_bench_env():
+        return _run(cfg, results_dir)
+
+
+def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
+    results_dir.mkdir(parents=True, exist_ok=True)
+    print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
+    txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 1))
+    catch = txns[: cfg.t + 1]
+    counts = stream_counts(catch)
+    check_generator(cfg.t, counts)
+    print(f"stream: {counts}")
+    res = Results()
+    res.rows.append({"system": "w1", "measure": "stream", "t": cfg.t, **counts})
+    skipped: list[dict[str, Any]] = []
+    base = Path(tempfile.mkdtemp(prefix="txrepl-bench-w1-"))
+
+    def measure(rig: Rig) -> None:
+        for run_no in range(1, cfg.runs + 1):
+            row = catch_up(rig, catch, counts, run_no)
+            print(
+                f"  {rig.name} catch-up run {run_no}: {row['row_changes_per_s']:,.0f} rows/s "
+                f"({row['apply_s']:.2f}s apply, {row['startup_s']:.1f}s start-up), "
+                f"checksum {'ok' if row['checksum_ok'] else 'MISMATCH'}",
+                flush=True,
+            )
+            res.rows.append(row)
+        for run_no in range(1, cfg.runs + 1):
+            for row in in_sync_lag(rig, txns, cfg.lag_t, cfg.rate, run_no):
+                print(
+                    f"  {rig.name} lag run {run_no} at {row['rate']}: p50 {row['p50_ms']} ms, "
+                    f"p99 {row['p99_ms']} ms, max {row['max_ms']} ms "
+                    f"({row['seen']}/{row['markers']} markers, {row['achieved_txn_per_s']} txn/s)",
+                    flush=True,
+                )
+                res.rows.append(row)
+
+    measure(TxreplSqlite(base))
+    from tests.bench._pg import bench_cluster, pg_reason
+
+    reason = pg_reason()
+    if reason is not None:
+        for system in ("pg native", "txrepl pg"):
+            skipped.append({"system": system, "measure": "all", "skipped": reason})
+    else:
+        with bench_cluster() as src_server, bench_cluster() as dst_server:
+            measure(PgNative(src_server, dst_server))
+            tpg = TxreplPg(base, src_server, dst_server)
+            why = txrepl_pg_support(tpg)
+            if why is None:
+                measure(tpg)
+            else:
+                skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
+    res.rows.extend(skipped)
+    systems = ["txrepl sqlite", "pg native", "txrepl pg"]
+    summaries = res.summarise(systems, cfg.rate)
+    ratios = res.ratios(summaries, cfg.rate)
+    print_table(summaries, ratios, skipped)
+    path = plot(results_dir, res, summaries, cfg.rate)
+    if path is not None:
+        print(f"plot: {path}")
+    return [*res.rows, *summaries, *ratios]
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="bench-w1-"))
+    run(out)
