@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ctxrepl.proto\x12\ttxrepl.v1\"\xff\x01\n\x05Value\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\r\n\x03int\x18\x02 \x01(\x12H\x00\x12\x11\n\x07\x64\x65\x63imal\x18\x03 \x01(\tH\x00\x12\x0f\n\x05\x66loat\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\x0e\n\x04\x62lob\x18\x06 \x01(\x0cH\x00\x12\x11\n\x07\x62oolean\x18\x07 \x01(\x08H\x00\x12\x0e\n\x04\x64\x61te\x18\x08 \x01(\x11H\x00\x12\x11\n\x07time_us\x18\t \x01(\x12H\x00\x12\x16\n\x0ctimestamp_us\x18\n \x01(\x12H\x00\x12-\n\x0btimestamptz\x18\x0b \x01(\x0b\x32\x16.txrepl.v1.TimestampTzH\x00\x12\x0e\n\x04json\x18\x0c \x01(\tH\x00\x42\x06\n\x04kind\"/\n\x0bTimestampTz\x12\x0e\n\x06utc_us\x18\x01 \x01(\x12\x12\x10\n\x08offset_s\x18\x02 \x01(\x11\"\x84\x01\n\x06\x43olumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.txrepl.v1.ColumnType\x12\x11\n\tprecision\x18\x03 \x01(\r\x12\r\n\x05scale\x18\x04 \x01(\r\x12\x10\n\x08nullable\x18\x05 \x01(\x08\x12\x13\n\x0bsource_type\x18\x06 \x01(\t\"U\n\x0bTableSchema\x12\r\n\x05table\x18\x01 \x01(\t\x12\"\n\x07\x63olumns\x18\x02 \x03(\x0b\x32\x11.txrepl.v1.Column\x12\x13\n\x0bprimary_key\x18\x03 \x03(\t\"v\n\tRowChange\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1c\n\x02op\x18\x02 \x01(\x0e\x32\x10.txrepl.v1.RowOp\x12\x1d\n\x03key\x18\x03 \x03(\x0b\x32\x10.txrepl.v1.Value\x12\x1d\n\x03row\x18\x04 \x03(\x0b\x32\x10.txrepl.v1.Value\"\x1b\n\x0cSqlStatement\x12\x0b\n\x03sql\x18\x01 \x01(\t\"=\n\rProcedureCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x10.txrepl.v1.Value\"\xad\x01\n\x02Op\x12#\n\x03row\x18\x01 \x01(\x0b\x32\x14.txrepl.v1.RowChangeH\x00\x12(\n\x06schema\x18\x02 \x01(\x0b\x32\x16.txrepl.v1.TableSchemaH\x00\x12&\n\x03sql\x18\x03 \x01(\x0b\x32\x17.txrepl.v1.SqlStatementH\x00\x12(\n\x04\x63\x61ll\x18\x04 \x01(\x0b\x32\x18.txrepl.v1.ProcedureCallH\x00\x42\x06\n\x04kind\"T\n\x05\x45ntry\x12\x16\n\x0e\x63ommit_time_us\x18\x01 \x01(\x12\x12\x17\n\x0fsource_position\x18\x02 \x01(\t\x12\x1a\n\x03ops\x18\x03 \x03(\x0b\x32\r.txrepl.v1.Op\"\x91\x01\n\x05Hello\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x11\n\tpublisher\x18\x02 \x01(\t\x12\x13\n\x0bpublication\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\x04\x12\r\n\x05token\x18\x06 \x01(\t\x12\x19\n\x11max_batch_entries\x18\x07 \x01(\r\"\x14\n\x03\x41\x63k\x12\r\n\x05level\x18\x01 \x01(\x04\"]\n\x11SubscriberMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.txrepl.v1.HelloH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.txrepl.v1.AckH\x00\x42\x06\n\x04kind\"\x91\x01\n\x07Welcome\x12\x11\n\tpublisher\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x0c\n\x04head\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_retained\x18\x05 \x01(\x04\x12#\n\x05state\x18\x06 \x01(\x0e\x32\x14.txrepl.v1.FeedState\"9\n\x05\x42\x61tch\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x03(\x0c\x12\x0c\n\x04head\x18\x03 \x01(\x04\"\x16\n\x06InSync\x12\x0c\n\x04head\x18\x01 \x01(\x04\"*\n\tHeartbeat\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x12\"\xb5\x01\n\x10PublisherMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.txrepl.v1.WelcomeH\x00\x12!\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x10.txrepl.v1.BatchH\x00\x12$\n\x07in_sync\x18\x03 \x01(\x0b\x32\x11.txrepl.v1.InSyncH\x00\x12)\n\theartbeat\x18\x04 \x01(\x0b\x32\x14.txrepl.v1.HeartbeatH\x00\x42\x06\n\x04kind\"P\n\x0ePublishRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\x12\x1a\n\x03ops\x18\x02 \x03(\x0b\x32\r.txrepl.v1.Op\x12\r\n\x05token\x18\x03 \x01(\t\"\x1e\n\x0fPublishResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"}\n\x0fPublicationInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0c\n\x04head\x18\x03 \x01(\x04\x12\x16\n\x0e\x66irst_retained\x18\x04 \x01(\x04\x12\x11\n\tlog_bytes\x18\x05 \x01(\x04\x12\x0e\n\x06tables\x18\x06 \x03(\t\"\xe8\x01\n\x0eSubscriberInfo\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\x04\x12\x13\n\x0blag_entries\x18\x04 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x05 \x01(\x01\x12\r\n\x05state\x18\x06 \x01(\t\x12\r\n\x05valid\x18\x07 \x01(\x08\x12\x0c\n\x04\x63uts\x18\x08 \x01(\x04\x12\x17\n\x0flast_cut_reason\x18\t \x01(\t\x12\x13\n\x0blast_ack_us\x18\n \x01(\x12\x12\x1a\n\x12\x63onnected_since_us\x18\x0b \x01(\x12\"\x19\n\x17ListPublicationsRequest\"_\n\x18ListPublicationsResponse\x12\x11\n\tpublisher\x18\x01 \x01(\t\x12\x30\n\x0cpublications\x18\x02 \x03(\x0b\x32\x1a.txrepl.v1.PublicationInfo\"-\n\x16ListSubscribersRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\"I\n\x17ListSubscribersResponse\x12.\n\x0bsubscribers\x18\x01 \x03(\x0b\x32\x19.txrepl.v1.SubscriberInfo\"J\n\x10MarkValidRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\x04\"B\n\x11MarkValidResponse\x12-\n\nsubscriber\x18\x01 \x01(\x0b\x32\x19.txrepl.v1.SubscriberInfo\";\n\x0bStateChange\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05\x61t_us\x18\x02 \x01(\x12\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xe3\x01\n\x12SubscriptionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpublisher\x18\x02 \x01(\t\x12\x13\n\x0bpublication\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\x04\x12\x0c\n\x04head\x18\x06 \x01(\x04\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12(\n\x08timeline\x18\x08 \x03(\x0b\x32\x16.txrepl.v1.StateChange\x12\x17\n\x0f\x61pplied_entries\x18\t \x01(\x04\x12\x14\n\x0c\x61pplied_rows\x18\n \x01(\x04\"\x0f\n\rStatusRequest\"Z\n\x0eStatusResponse\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x34\n\rsubscriptions\x18\x02 \x03(\x0b\x32\x1d.txrepl.v1.SubscriptionStatus\"+\n\x13SubscriptionRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\"L\n\x14SubscriptionResponse\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.txrepl.v1.SubscriptionStatus*\xb2\x02\n\nColumnType\x12\x1b\n\x17\x43OLUMN_TYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OLUMN_TYPE_INTEGER\x10\x01\x12\x17\n\x13\x43OLUMN_TYPE_DECIMAL\x10\x02\x12\x15\n\x11\x43OLUMN_TYPE_FLOAT\x10\x03\x12\x14\n\x10\x43OLUMN_TYPE_TEXT\x10\x04\x12\x15\n\x11\x43OLUMN_TYPE_BYTES\x10\x05\x12\x17\n\x13\x43OLUMN_TYPE_BOOLEAN\x10\x06\x12\x14\n\x10\x43OLUMN_TYPE_DATE\x10\x07\x12\x14\n\x10\x43OLUMN_TYPE_TIME\x10\x08\x12\x19\n\x15\x43OLUMN_TYPE_TIMESTAMP\x10\t\x12\x1b\n\x17\x43OLUMN_TYPE_TIMESTAMPTZ\x10\n\x12\x14\n\x10\x43OLUMN_TYPE_JSON\x10\x0b*m\n\x05RowOp\x12\x16\n\x12ROW_OP_UNSPECIFIED\x10\x00\x12\x11\n\rROW_OP_INSERT\x10\x01\x12\x11\n\rROW_OP_UPDATE\x10\x02\x12\x11\n\rROW_OP_DELETE\x10\x03\x12\x13\n\x0fROW_OP_TRUNCATE\x10\x04*W\n\tFeedState\x12\x1a\n\x16\x46\x45\x45\x44_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x45\x45\x44_STATE_SYNCING\x10\x01\x12\x16\n\x12\x46\x45\x45\x44_STATE_IN_SYNC\x10\x02\x32\x96\x01\n\x0bReplication\x12\x45\n\x04Sync\x12\x1c.txrepl.v1.SubscriberMessage\x1a\x1b.txrepl.v1.PublisherMessage(\x01\x30\x01\x12@\n\x07Publish\x12\x19.txrepl.v1.PublishRequest\x1a\x1a.txrepl.v1.PublishResponse2\x86\x02\n\x05\x41\x64min\x12[\n\x10ListPublications\x12\".txrepl.v1.ListPublicationsRequest\x1a#.txrepl.v1.ListPublicationsResponse\x12X\n\x0fListSubscribers\x12!.txrepl.v1.ListSubscribersRequest\x1a\".txrepl.v1.ListSubscribersResponse\x12\x46\n\tMarkValid\x12\x1b.txrepl.v1.MarkValidRequest\x1a\x1c.txrepl.v1.MarkValidResponse2\xb5\x02\n\x11SubscriberControl\x12=\n\x06Status\x12\x18.txrepl.v1.StatusRequest\x1a\x19.txrepl.v1.StatusResponse\x12H\n\x05Pause\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponse\x12I\n\x06Resume\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponse\x12L\n\tReconnect\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0ctxrepl.proto\x12\ttxrepl.v1\"\xff\x01\n\x05Value\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\r\n\x03int\x18\x02 \x01(\x12H\x00\x12\x11\n\x07\x64\x65\x63imal\x18\x03 \x01(\tH\x00\x12\x0f\n\x05\x66loat\x18\x04 \x01(\x01H\x00\x12\x0e\n\x04text\x18\x05 \x01(\tH\x00\x12\x0e\n\x04\x62lob\x18\x06 \x01(\x0cH\x00\x12\x11\n\x07\x62oolean\x18\x07 \x01(\x08H\x00\x12\x0e\n\x04\x64\x61te\x18\x08 \x01(\x11H\x00\x12\x11\n\x07time_us\x18\t \x01(\x12H\x00\x12\x16\n\x0ctimestamp_us\x18\n \x01(\x12H\x00\x12-\n\x0btimestamptz\x18\x0b \x01(\x0b\x32\x16.txrepl.v1.TimestampTzH\x00\x12\x0e\n\x04json\x18\x0c \x01(\tH\x00\x42\x06\n\x04kind\"/\n\x0bTimestampTz\x12\x0e\n\x06utc_us\x18\x01 \x01(\x12\x12\x10\n\x08offset_s\x18\x02 \x01(\x11\"\x84\x01\n\x06\x43olumn\x12\x0c\n\x04name\x18\x01 \x01(\t\x12#\n\x04type\x18\x02 \x01(\x0e\x32\x15.txrepl.v1.ColumnType\x12\x11\n\tprecision\x18\x03 \x01(\r\x12\r\n\x05scale\x18\x04 \x01(\r\x12\x10\n\x08nullable\x18\x05 \x01(\x08\x12\x13\n\x0bsource_type\x18\x06 \x01(\t\"U\n\x0bTableSchema\x12\r\n\x05table\x18\x01 \x01(\t\x12\"\n\x07\x63olumns\x18\x02 \x03(\x0b\x32\x11.txrepl.v1.Column\x12\x13\n\x0bprimary_key\x18\x03 \x03(\t\"v\n\tRowChange\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1c\n\x02op\x18\x02 \x01(\x0e\x32\x10.txrepl.v1.RowOp\x12\x1d\n\x03key\x18\x03 \x03(\x0b\x32\x10.txrepl.v1.Value\x12\x1d\n\x03row\x18\x04 \x03(\x0b\x32\x10.txrepl.v1.Value\"\x1b\n\x0cSqlStatement\x12\x0b\n\x03sql\x18\x01 \x01(\t\"=\n\rProcedureCall\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1e\n\x04\x61rgs\x18\x02 \x03(\x0b\x32\x10.txrepl.v1.Value\"\xad\x01\n\x02Op\x12#\n\x03row\x18\x01 \x01(\x0b\x32\x14.txrepl.v1.RowChangeH\x00\x12(\n\x06schema\x18\x02 \x01(\x0b\x32\x16.txrepl.v1.TableSchemaH\x00\x12&\n\x03sql\x18\x03 \x01(\x0b\x32\x17.txrepl.v1.SqlStatementH\x00\x12(\n\x04\x63\x61ll\x18\x04 \x01(\x0b\x32\x18.txrepl.v1.ProcedureCallH\x00\x42\x06\n\x04kind\"T\n\x05\x45ntry\x12\x16\n\x0e\x63ommit_time_us\x18\x01 \x01(\x12\x12\x17\n\x0fsource_position\x18\x02 \x01(\t\x12\x1a\n\x03ops\x18\x03 \x03(\x0b\x32\r.txrepl.v1.Op\"\x91\x01\n\x05Hello\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x11\n\tpublisher\x18\x02 \x01(\t\x12\x13\n\x0bpublication\x18\x03 \x01(\t\x12\x13\n\x0bincarnation\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\x04\x12\r\n\x05token\x18\x06 \x01(\t\x12\x19\n\x11max_batch_entries\x18\x07 \x01(\r\"\x14\n\x03\x41\x63k\x12\r\n\x05level\x18\x01 \x01(\x04\"]\n\x11SubscriberMessage\x12!\n\x05hello\x18\x01 \x01(\x0b\x32\x10.txrepl.v1.HelloH\x00\x12\x1d\n\x03\x61\x63k\x18\x02 \x01(\x0b\x32\x0e.txrepl.v1.AckH\x00\x42\x06\n\x04kind\"\x91\x01\n\x07Welcome\x12\x11\n\tpublisher\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x0c\n\x04head\x18\x04 \x01(\x04\x12\x16\n\x0e\x66irst_retained\x18\x05 \x01(\x04\x12#\n\x05state\x18\x06 \x01(\x0e\x32\x14.txrepl.v1.FeedState\"9\n\x05\x42\x61tch\x12\x11\n\tfirst_seq\x18\x01 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x03(\x0c\x12\x0c\n\x04head\x18\x03 \x01(\x04\"\x16\n\x06InSync\x12\x0c\n\x04head\x18\x01 \x01(\x04\"*\n\tHeartbeat\x12\x0c\n\x04head\x18\x01 \x01(\x04\x12\x0f\n\x07time_us\x18\x02 \x01(\x12\"\xb5\x01\n\x10PublisherMessage\x12%\n\x07welcome\x18\x01 \x01(\x0b\x32\x12.txrepl.v1.WelcomeH\x00\x12!\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x10.txrepl.v1.BatchH\x00\x12$\n\x07in_sync\x18\x03 \x01(\x0b\x32\x11.txrepl.v1.InSyncH\x00\x12)\n\theartbeat\x18\x04 \x01(\x0b\x32\x14.txrepl.v1.HeartbeatH\x00\x42\x06\n\x04kind\"P\n\x0ePublishRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\x12\x1a\n\x03ops\x18\x02 \x03(\x0b\x32\r.txrepl.v1.Op\x12\r\n\x05token\x18\x03 \x01(\t\"\x1e\n\x0fPublishResponse\x12\x0b\n\x03seq\x18\x01 \x01(\x04\"]\n\x0fSnapshotRequest\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\x12\n\nchunk_rows\x18\x03 \x01(\r\x12\r\n\x05token\x18\x04 \x01(\t\"N\n\rSnapshotTable\x12&\n\x06schema\x18\x01 \x01(\x0b\x32\x16.txrepl.v1.TableSchema\x12\x15\n\rexpected_rows\x18\x02 \x01(\x04\"\x83\x01\n\rSnapshotStart\x12\x11\n\tpublisher\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\t\x12\x0b\n\x03seq\x18\x04 \x01(\x04\x12(\n\x06tables\x18\x05 \x03(\x0b\x32\x18.txrepl.v1.SnapshotTable\"\'\n\x03Row\x12 \n\x06values\x18\x01 \x03(\x0b\x32\x10.txrepl.v1.Value\";\n\x0cSnapshotRows\x12\r\n\x05table\x18\x01 \x01(\t\x12\x1c\n\x04rows\x18\x02 \x03(\x0b\x32\x0e.txrepl.v1.Row\"(\n\x0bSnapshotEnd\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04rows\x18\x02 \x01(\x04\"\x92\x01\n\rSnapshotChunk\x12)\n\x05start\x18\x01 \x01(\x0b\x32\x18.txrepl.v1.SnapshotStartH\x00\x12\'\n\x04rows\x18\x02 \x01(\x0b\x32\x17.txrepl.v1.SnapshotRowsH\x00\x12%\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x16.txrepl.v1.SnapshotEndH\x00\x42\x06\n\x04kind\"}\n\x0fPublicationInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\t\x12\x0c\n\x04head\x18\x03 \x01(\x04\x12\x16\n\x0e\x66irst_retained\x18\x04 \x01(\x04\x12\x11\n\tlog_bytes\x18\x05 \x01(\x04\x12\x0e\n\x06tables\x18\x06 \x03(\t\"\xe8\x01\n\x0eSubscriberInfo\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x13\n\x0bpublication\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\x04\x12\x13\n\x0blag_entries\x18\x04 \x01(\x04\x12\x13\n\x0blag_seconds\x18\x05 \x01(\x01\x12\r\n\x05state\x18\x06 \x01(\t\x12\r\n\x05valid\x18\x07 \x01(\x08\x12\x0c\n\x04\x63uts\x18\x08 \x01(\x04\x12\x17\n\x0flast_cut_reason\x18\t \x01(\t\x12\x13\n\x0blast_ack_us\x18\n \x01(\x12\x12\x1a\n\x12\x63onnected_since_us\x18\x0b \x01(\x12\"\x19\n\x17ListPublicationsRequest\"_\n\x18ListPublicationsResponse\x12\x11\n\tpublisher\x18\x01 \x01(\t\x12\x30\n\x0cpublications\x18\x02 \x03(\x0b\x32\x1a.txrepl.v1.PublicationInfo\"-\n\x16ListSubscribersRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\"I\n\x17ListSubscribersResponse\x12.\n\x0bsubscribers\x18\x01 \x03(\x0b\x32\x19.txrepl.v1.SubscriberInfo\"J\n\x10MarkValidRequest\x12\x13\n\x0bpublication\x18\x01 \x01(\t\x12\x12\n\nsubscriber\x18\x02 \x01(\t\x12\r\n\x05level\x18\x03 \x01(\x04\"B\n\x11MarkValidResponse\x12-\n\nsubscriber\x18\x01 \x01(\x0b\x32\x19.txrepl.v1.SubscriberInfo\";\n\x0bStateChange\x12\r\n\x05state\x18\x01 \x01(\t\x12\r\n\x05\x61t_us\x18\x02 \x01(\x12\x12\x0e\n\x06reason\x18\x03 \x01(\t\"\xe3\x01\n\x12SubscriptionStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tpublisher\x18\x02 \x01(\t\x12\x13\n\x0bpublication\x18\x03 \x01(\t\x12\r\n\x05state\x18\x04 \x01(\t\x12\r\n\x05level\x18\x05 \x01(\x04\x12\x0c\n\x04head\x18\x06 \x01(\x04\x12\x12\n\nlast_error\x18\x07 \x01(\t\x12(\n\x08timeline\x18\x08 \x03(\x0b\x32\x16.txrepl.v1.StateChange\x12\x17\n\x0f\x61pplied_entries\x18\t \x01(\x04\x12\x14\n\x0c\x61pplied_rows\x18\n \x01(\x04\"\x0f\n\rStatusRequest\"Z\n\x0eStatusResponse\x12\x12\n\nsubscriber\x18\x01 \x01(\t\x12\x34\n\rsubscriptions\x18\x02 \x03(\x0b\x32\x1d.txrepl.v1.SubscriptionStatus\"+\n\x13SubscriptionRequest\x12\x14\n\x0csubscription\x18\x01 \x01(\t\"L\n\x14SubscriptionResponse\x12\x34\n\rsubscriptions\x18\x01 \x03(\x0b\x32\x1d.txrepl.v1.SubscriptionStatus*\xb2\x02\n\nColumnType\x12\x1b\n\x17\x43OLUMN_TYPE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43OLUMN_TYPE_INTEGER\x10\x01\x12\x17\n\x13\x43OLUMN_TYPE_DECIMAL\x10\x02\x12\x15\n\x11\x43OLUMN_TYPE_FLOAT\x10\x03\x12\x14\n\x10\x43OLUMN_TYPE_TEXT\x10\x04\x12\x15\n\x11\x43OLUMN_TYPE_BYTES\x10\x05\x12\x17\n\x13\x43OLUMN_TYPE_BOOLEAN\x10\x06\x12\x14\n\x10\x43OLUMN_TYPE_DATE\x10\x07\x12\x14\n\x10\x43OLUMN_TYPE_TIME\x10\x08\x12\x19\n\x15\x43OLUMN_TYPE_TIMESTAMP\x10\t\x12\x1b\n\x17\x43OLUMN_TYPE_TIMESTAMPTZ\x10\n\x12\x14\n\x10\x43OLUMN_TYPE_JSON\x10\x0b*m\n\x05RowOp\x12\x16\n\x12ROW_OP_UNSPECIFIED\x10\x00\x12\x11\n\rROW_OP_INSERT\x10\x01\x12\x11\n\rROW_OP_UPDATE\x10\x02\x12\x11\n\rROW_OP_DELETE\x10\x03\x12\x13\n\x0fROW_OP_TRUNCATE\x10\x04*W\n\tFeedState\x12\x1a\n\x16\x46\x45\x45\x44_STATE_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46\x45\x45\x44_STATE_SYNCING\x10\x01\x12\x16\n\x12\x46\x45\x45\x44_STATE_IN_SYNC\x10\x02\x32\xda\x01\n\x0bReplication\x12\x45\n\x04Sync\x12\x1c.txrepl.v1.SubscriberMessage\x1a\x1b.txrepl.v1.PublisherMessage(\x01\x30\x01\x12@\n\x07Publish\x12\x19.txrepl.v1.PublishRequest\x1a\x1a.txrepl.v1.PublishResponse\x12\x42\n\x08Snapshot\x12\x1a.txrepl.v1.SnapshotRequest\x1a\x18.txrepl.v1.SnapshotChunk0\x01\x32\x86\x02\n\x05\x41\x64min\x12[\n\x10ListPublications\x12\".txrepl.v1.ListPublicationsRequest\x1a#.txrepl.v1.ListPublicationsResponse\x12X\n\x0fListSubscribers\x12!.txrepl.v1.ListSubscribersRequest\x1a\".txrepl.v1.ListSubscribersResponse\x12\x46\n\tMarkValid\x12\x1b.txrepl.v1.MarkValidRequest\x1a\x1c.txrepl.v1.MarkValidResponse2\xb5\x02\n\x11SubscriberControl\x12=\n\x06Status\x12\x18.txrepl.v1.StatusRequest\x1a\x19.txrepl.v1.StatusResponse\x12H\n\x05Pause\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponse\x12I\n\x06Resume\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponse\x12L\n\tReconnect\x12\x1e.txrepl.v1.SubscriptionRequest\x1a\x1f.txrepl.v1.SubscriptionResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'txrepl_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_COLUMNTYPE']._serialized_start=3144
-  _globals['_COLUMNTYPE']._serialized_end=3450
-  _globals['_ROWOP']._serialized_start=3452
-  _globals['_ROWOP']._serialized_end=3561
-  _globals['_FEEDSTATE']._serialized_start=3563
-  _globals['_FEEDSTATE']._serialized_end=3650
+  _globals['_COLUMNTYPE']._serialized_start=3746
+  _globals['_COLUMNTYPE']._serialized_end=4052
+  _globals['_ROWOP']._serialized_start=4054
+  _globals['_ROWOP']._serialized_end=4163
+  _globals['_FEEDSTATE']._serialized_start=4165
+  _globals['_FEEDSTATE']._serialized_end=4252
   _globals['_VALUE']._serialized_start=28
   _globals['_VALUE']._serialized_end=283
   _globals['_TIMESTAMPTZ']._serialized_start=285
@@ -75,38 +75,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PUBLISHREQUEST']._serialized_end=1834
   _globals['_PUBLISHRESPONSE']._serialized_start=1836
   _globals['_PUBLISHRESPONSE']._serialized_end=1866
-  _globals['_PUBLICATIONINFO']._serialized_start=1868
-  _globals['_PUBLICATIONINFO']._serialized_end=1993
-  _globals['_SUBSCRIBERINFO']._serialized_start=1996
-  _globals['_SUBSCRIBERINFO']._serialized_end=2228
-  _globals['_LISTPUBLICATIONSREQUEST']._serialized_start=2230
-  _globals['_LISTPUBLICATIONSREQUEST']._serialized_end=2255
-  _globals['_LISTPUBLICATIONSRESPONSE']._serialized_start=2257
-  _globals['_LISTPUBLICATIONSRESPONSE']._serialized_end=2352
-  _globals['_LISTSUBSCRIBERSREQUEST']._serialized_start=2354
-  _globals['_LISTSUBSCRIBERSREQUEST']._serialized_end=2399
-  _globals['_LISTSUBSCRIBERSRESPONSE']._serialized_start=2401
-  _globals['_LISTSUBSCRIBERSRESPONSE']._serialized_end=2474
-  _globals['_MARKVALIDREQUEST']._serialized_start=2476
-  _globals['_MARKVALIDREQUEST']._serialized_end=2550
-  _globals['_MARKVALIDRESPONSE']._serialized_start=2552
-  _globals['_MARKVALIDRESPONSE']._serialized_end=2618
-  _globals['_STATECHANGE']._serialized_start=2620
-  _globals['_STATECHANGE']._serialized_end=2679
-  _globals['_SUBSCRIPTIONSTATUS']._serialized_start=2682
-  _globals['_SUBSCRIPTIONSTATUS']._serialized_end=2909
-  _globals['_STATUSREQUEST']._serialized_start=2911
-  _globals['_STATUSREQUEST']._serialized_end=2926
-  _globals['_STATUSRESPONSE']._serialized_start=2928
-  _globals['_STATUSRESPONSE']._serialized_end=3018
-  _globals['_SUBSCRIPTIONREQUEST']._serialized_start=3020
-  _globals['_SUBSCRIPTIONREQUEST']._serialized_end=3063
-  _globals['_SUBSCRIPTIONRESPONSE']._serialized_start=3065
-  _globals['_SUBSCRIPTIONRESPONSE']._serialized_end=3141
-  _globals['_REPLICATION']._serialized_start=3653
-  _globals['_REPLICATION']._serialized_end=3803
-  _globals['_ADMIN']._serialized_start=3806
-  _globals['_ADMIN']._serialized_end=4068
-  _globals['_SUBSCRIBERCONTROL']._serialized_start=4071
-  _globals['_SUBSCRIBERCONTROL']._serialized_end=4380
+  _globals['_SNAPSHOTREQUEST']._serialized_start=1868
+  _globals['_SNAPSHOTREQUEST']._serialized_end=1961
+  _globals['_SNAPSHOTTABLE']._serialized_start=1963
+  _globals['_SNAPSHOTTABLE']._serialized_end=2041
+  _globals['_SNAPSHOTSTART']._serialized_start=2044
+  _globals['_SNAPSHOTSTART']._serialized_end=2175
+  _globals['_ROW']._serialized_start=2177
+  _globals['_ROW']._serialized_end=2216
+  _globals['_SNAPSHOTROWS']._serialized_start=2218
+  _globals['_SNAPSHOTROWS']._serialized_end=2277
+  _globals['_SNAPSHOTEND']._serialized_start=2279
+  _globals['_SNAPSHOTEND']._serialized_end=2319
+  _globals['_SNAPSHOTCHUNK']._serialized_start=2322
+  _globals['_SNAPSHOTCHUNK']._serialized_end=2468
+  _globals['_PUBLICATIONINFO']._serialized_start=2470
+  _globals['_PUBLICATIONINFO']._serialized_end=2595
+  _globals['_SUBSCRIBERINFO']._serialized_start=2598
+  _globals['_SUBSCRIBERINFO']._serialized_end=2830
+  _globals['_LISTPUBLICATIONSREQUEST']._serialized_start=2832
+  _globals['_LISTPUBLICATIONSREQUEST']._serialized_end=2857
+  _globals['_LISTPUBLICATIONSRESPONSE']._serialized_start=2859
+  _globals['_LISTPUBLICATIONSRESPONSE']._serialized_end=2954
+  _globals['_LISTSUBSCRIBERSREQUEST']._serialized_start=2956
+  _globals['_LISTSUBSCRIBERSREQUEST']._serialized_end=3001
+  _globals['_LISTSUBSCRIBERSRESPONSE']._serialized_start=3003
+  _globals['_LISTSUBSCRIBERSRESPONSE']._serialized_end=3076
+  _globals['_MARKVALIDREQUEST']._serialized_start=3078
+  _globals['_MARKVALIDREQUEST']._serialized_end=3152
+  _globals['_MARKVALIDRESPONSE']._serialized_start=3154
+  _globals['_MARKVALIDRESPONSE']._serialized_end=3220
+  _globals['_STATECHANGE']._serialized_start=3222
+  _globals['_STATECHANGE']._serialized_end=3281
+  _globals['_SUBSCRIPTIONSTATUS']._serialized_start=3284
+  _globals['_SUBSCRIPTIONSTATUS']._serialized_end=3511
+  _globals['_STATUSREQUEST']._serialized_start=3513
+  _globals['_STATUSREQUEST']._serialized_end=3528
+  _globals['_STATUSRESPONSE']._serialized_start=3530
+  _globals['_STATUSRESPONSE']._serialized_end=3620
+  _globals['_SUBSCRIPTIONREQUEST']._serialized_start=3622
+  _globals['_SUBSCRIPTIONREQUEST']._serialized_end=3665
+  _globals['_SUBSCRIPTIONRESPONSE']._serialized_start=3667
+  _globals['_SUBSCRIPTIONRESPONSE']._serialized_end=3743
+  _globals['_REPLICATION']._serialized_start=4255
+  _globals['_REPLICATION']._serialized_end=4473
+  _globals['_ADMIN']._serialized_start=4476
+  _globals['_ADMIN']._serialized_end=4738
+  _globals['_SUBSCRIBERCONTROL']._serialized_start=4741
+  _globals['_SUBSCRIBERCONTROL']._serialized_end=5050
 # @@protoc_insertion_point(module_scope)

@@ -703,6 +703,194 @@ class PublishResponse(_message.Message):
 Global___PublishResponse: _TypeAlias = PublishResponse  # noqa: Y015
 
 @_typing.final
+class SnapshotRequest(_message.Message):
+    """---------------------------------------------------------------------------
+    Snapshots (re-initialisation, and new subscribers after a purge)
+    ---------------------------------------------------------------------------
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIBER_FIELD_NUMBER: _builtins.int
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    CHUNK_ROWS_FIELD_NUMBER: _builtins.int
+    TOKEN_FIELD_NUMBER: _builtins.int
+    subscriber: _builtins.str
+    publication: _builtins.str
+    chunk_rows: _builtins.int
+    """rows per SnapshotRows message; 0 = publisher default"""
+    token: _builtins.str
+    def __init__(
+        self,
+        *,
+        subscriber: _builtins.str = ...,
+        publication: _builtins.str = ...,
+        chunk_rows: _builtins.int = ...,
+        token: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_rows", b"chunk_rows", "publication", b"publication", "subscriber", b"subscriber", "token", b"token"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRequest: _TypeAlias = SnapshotRequest  # noqa: Y015
+
+@_typing.final
+class SnapshotTable(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SCHEMA_FIELD_NUMBER: _builtins.int
+    EXPECTED_ROWS_FIELD_NUMBER: _builtins.int
+    expected_rows: _builtins.int
+    @_builtins.property
+    def schema(self) -> Global___TableSchema: ...
+    def __init__(
+        self,
+        *,
+        schema: Global___TableSchema | None = ...,
+        expected_rows: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["schema", b"schema"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["expected_rows", b"expected_rows", "schema", b"schema"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotTable: _TypeAlias = SnapshotTable  # noqa: Y015
+
+@_typing.final
+class SnapshotStart(_message.Message):
+    """First message: the content that follows is exactly the state as of `seq`:
+    entries 1..seq applied, nothing after.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLISHER_FIELD_NUMBER: _builtins.int
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    INCARNATION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    TABLES_FIELD_NUMBER: _builtins.int
+    publisher: _builtins.str
+    publication: _builtins.str
+    incarnation: _builtins.str
+    seq: _builtins.int
+    @_builtins.property
+    def tables(self) -> _containers.RepeatedCompositeFieldContainer[Global___SnapshotTable]: ...
+    def __init__(
+        self,
+        *,
+        publisher: _builtins.str = ...,
+        publication: _builtins.str = ...,
+        incarnation: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        tables: _abc.Iterable[Global___SnapshotTable] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["incarnation", b"incarnation", "publication", b"publication", "publisher", b"publisher", "seq", b"seq", "tables", b"tables"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotStart: _TypeAlias = SnapshotStart  # noqa: Y015
+
+@_typing.final
+class Row(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    VALUES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def values(self) -> _containers.RepeatedCompositeFieldContainer[Global___Value]: ...
+    def __init__(
+        self,
+        *,
+        values: _abc.Iterable[Global___Value] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["values", b"values"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Row: _TypeAlias = Row  # noqa: Y015
+
+@_typing.final
+class SnapshotRows(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    @_builtins.property
+    def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___Row]: ...
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        rows: _abc.Iterable[Global___Row] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotRows: _TypeAlias = SnapshotRows  # noqa: Y015
+
+@_typing.final
+class SnapshotEnd(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SEQ_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    seq: _builtins.int
+    rows: _builtins.int
+    def __init__(
+        self,
+        *,
+        seq: _builtins.int = ...,
+        rows: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotEnd: _TypeAlias = SnapshotEnd  # noqa: Y015
+
+@_typing.final
+class SnapshotChunk(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    START_FIELD_NUMBER: _builtins.int
+    ROWS_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def start(self) -> Global___SnapshotStart: ...
+    @_builtins.property
+    def rows(self) -> Global___SnapshotRows: ...
+    @_builtins.property
+    def end(self) -> Global___SnapshotEnd: ...
+    def __init__(
+        self,
+        *,
+        start: Global___SnapshotStart | None = ...,
+        rows: Global___SnapshotRows | None = ...,
+        end: Global___SnapshotEnd | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "kind", b"kind", "rows", b"rows", "start", b"start"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["end", b"end", "kind", b"kind", "rows", b"rows", "start", b"start"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["start", "rows", "end"]  # noqa: Y015
+    _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
+
+Global___SnapshotChunk: _TypeAlias = SnapshotChunk  # noqa: Y015
+
+@_typing.final
 class PublicationInfo(_message.Message):
     """---------------------------------------------------------------------------
     Publisher administration

@@ -44,6 +44,11 @@ class ReplicationStub:
                 request_serializer=txrepl__pb2.PublishRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.PublishResponse.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/txrepl.v1.Replication/Snapshot',
+                request_serializer=txrepl__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
@@ -65,6 +70,13 @@ class ReplicationServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Snapshot(self, request, context):
+        """The content of every table of the publication as of one consistent seq.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ReplicationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -77,6 +89,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Publish,
                     request_deserializer=txrepl__pb2.PublishRequest.FromString,
                     response_serializer=txrepl__pb2.PublishResponse.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=txrepl__pb2.SnapshotRequest.FromString,
+                    response_serializer=txrepl__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -133,6 +150,33 @@ class Replication:
             '/txrepl.v1.Replication/Publish',
             txrepl__pb2.PublishRequest.SerializeToString,
             txrepl__pb2.PublishResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/txrepl.v1.Replication/Snapshot',
+            txrepl__pb2.SnapshotRequest.SerializeToString,
+            txrepl__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

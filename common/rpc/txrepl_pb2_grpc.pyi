@@ -42,6 +42,8 @@ class ReplicationStub:
     reason in the details; the subscriber resumes later from its level.
     """
     Publish: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.PublishRequest, _txrepl_pb2.PublishResponse]
+    Snapshot: _grpc.UnaryStreamMultiCallable[_txrepl_pb2.SnapshotRequest, _txrepl_pb2.SnapshotChunk]
+    """The content of every table of the publication as of one consistent seq."""
 
 @_typing.type_check_only
 class ReplicationAsyncStub(ReplicationStub):
@@ -53,6 +55,8 @@ class ReplicationAsyncStub(ReplicationStub):
     reason in the details; the subscriber resumes later from its level.
     """
     Publish: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.PublishRequest, _txrepl_pb2.PublishResponse]  # type: ignore[assignment]
+    Snapshot: _aio.UnaryStreamMultiCallable[_txrepl_pb2.SnapshotRequest, _txrepl_pb2.SnapshotChunk]  # type: ignore[assignment]
+    """The content of every table of the publication as of one consistent seq."""
 
 class ReplicationServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -73,6 +77,14 @@ class ReplicationServicer(metaclass=_abc_1.ABCMeta):
         request: _txrepl_pb2.PublishRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_txrepl_pb2.PublishResponse, _abc.Awaitable[_txrepl_pb2.PublishResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Snapshot(
+        self,
+        request: _txrepl_pb2.SnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_txrepl_pb2.SnapshotChunk], _abc.AsyncIterator[_txrepl_pb2.SnapshotChunk]]:
+        """The content of every table of the publication as of one consistent seq."""
 
 def add_ReplicationServicer_to_server(servicer: ReplicationServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 
