@@ -150,11 +150,29 @@ def test_sigkill_during_capture_loses_and_duplicates_nothing(
     assert writer.error is None, writer.error
     assert writer.committed > kills  # the writer kept writing throughout
 
-    # A last run drains the stream; it is done once the slot confirms the WAL end.
+    # A last run: once its snapshots are complete (kills may have cut the previous ones
+    # short), 25 more transactions are streamed; it is done when the slot confirms them.
+    n = writer.committed
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        (target,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
         child = _spawn(pg_db, logs)
-        deadline = time.monotonic() + 60
+
+        def alive() -> None:
+            assert child.poll() is None, child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+
+        deadline = time.monotonic() + 120
+        while conn.execute(
+            "SELECT bool_and(done) FROM _txrepl.installs WHERE slot = 'crashy'"
+        ).fetchone() != (True,):
+            alive()
+            assert time.monotonic() < deadline, "snapshots not completed"
+            time.sleep(0.05)
+        for _ in range(25):
+            n += 1
+            with conn.transaction():
+                conn.execute("INSERT INTO k1 VALUES (%s, %s)", (PREEXISTING + n, n))
+                conn.execute("INSERT INTO k2 VALUES (%s, %s)", (n, n))
+                conn.execute("UPDATE shared SET n = n + 1 WHERE id = 1")
+        (target,) = conn.execute("SELECT pg_current_wal_lsn()").fetchone()  # type: ignore[misc]
         while True:
             (done,) = conn.execute(
                 "SELECT confirmed_flush_lsn >= %s FROM pg_replication_slots"
@@ -163,13 +181,12 @@ def test_sigkill_during_capture_loses_and_duplicates_nothing(
             ).fetchone()  # type: ignore[misc]
             if done:
                 break
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            alive()
             assert time.monotonic() < deadline, "capture did not catch up"
             time.sleep(0.05)
         child.send_signal(signal.SIGKILL)
         child.wait()
 
-    n = writer.committed
     for name, tables in (("pa", ["k1", "shared"]), ("pb", ["k2", "shared"])):
         pub = open_pub(logs, name, tables)
         entries = read_entries(pub)
