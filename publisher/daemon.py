@@ -22,7 +22,6 @@ and grants the publication — before anything is written to the registry.
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +42,7 @@ from common.security import (
 from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
 from common.systemd import Notifier
 from publisher.capture import SqliteCapture
+from publisher.capture.thread import CaptureThread
 from publisher.config import PublisherConfig
 from publisher.errors import FeedRefused, SourceError
 from publisher.feed import FeedManager
@@ -51,63 +51,11 @@ from publisher.publication import Publication
 from publisher.registry import Registry
 from publisher.retention import retention_loop
 from publisher.service import AdminService, ReplicationService, subscriber_info
+from publisher.snapshot import SnapshotSource
 
 __all__ = ["Publisher", "run"]
 
 log = structlog.get_logger(__name__)
-
-
-class CaptureThread(threading.Thread):
-    """Moves captured source rows into the publication logs, in commit order."""
-
-    def __init__(
-        self, capture: SqliteCapture, pubs: list[Publication], poll_interval_s: float
-    ) -> None:
-        super().__init__(name="txrepl-capture", daemon=True)
-        self.capture = capture
-        self.pubs = pubs
-        self.poll_interval_s = poll_interval_s
-        self.halt = threading.Event()
-        self.error: BaseException | None = None
-        self.entries = 0
-
-    def run(self) -> None:
-        failures = 0
-        force = True
-        while not self.halt.is_set():
-            try:
-                if self.capture.changed() or force:
-                    force = False
-                    self.step()
-                failures = 0
-            except Exception as e:  # keep capturing; the source may be busy or briefly locked
-                failures += 1
-                force = True
-                log.error("capture failed; retrying", error=str(e), failures=failures)
-                self.halt.wait(min(5.0, 0.1 * 2**failures))
-                continue
-            self.halt.wait(self.poll_interval_s)
-
-    def step(self) -> int:
-        """One poll: every committed capture row becomes at most one entry per publication."""
-        low = min(p.position for p in self.pubs)
-        rows = self.capture.read(low)
-        if not rows:
-            return 0
-        installed = self.capture.installed()
-        appended = 0
-        for pub in self.pubs:
-            entry, last = self.capture.build_entry(
-                pub.name, rows, pub.position, installed.get(pub.name, {})
-            )
-            if entry is not None:
-                pub.append(entry, position=last)
-                appended += 1
-            elif last > pub.position:
-                pub.advance(last)
-        self.capture.release(min(p.position for p in self.pubs))
-        self.entries += appended
-        return appended
 
 
 SUBSCRIBER_STATES = ("disconnected", "syncing", "in_sync", "invalid")
@@ -301,7 +249,12 @@ class Publisher:
             authorize=SyncAuthorizer(book) if cfg.auth_enabled else None,
         )
         self.feeds = feeds
-        replication = ReplicationService(feeds, self.publications)
+        snapshots = (
+            SnapshotSource(cfg.server_name, self.capture, self.publications)
+            if self.capture is not None
+            else None
+        )
+        replication = ReplicationService(feeds, self.publications, snapshots)
         admin = AdminService(cfg.server_name, self.publications, self.registry)
         self.endpoint = GrpcEndpoint(
             cfg.listen,
@@ -318,6 +271,8 @@ class Publisher:
             pubs = list(self.publications.values())
             self.capture_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
             self.capture_thread.start()
+            if snapshots is not None:
+                snapshots.capture_thread = self.capture_thread
         if cfg.metrics_listen:
             registry = metrics.new_registry()
             registry.register(PublisherCollector(self))

@@ -14,6 +14,7 @@ from common.rpc import txrepl_pb2_grpc as rpc
 from publisher.feed import FeedManager
 from publisher.publication import Publication
 from publisher.registry import Registry, SubscriberRow
+from publisher.snapshot import SnapshotSource
 
 __all__ = ["AdminService", "ReplicationService", "subscriber_info"]
 
@@ -23,9 +24,45 @@ MAX_PUBLISH_OPS = 100_000
 
 
 class ReplicationService(rpc.ReplicationServicer):
-    def __init__(self, feeds: FeedManager, publications: Mapping[str, Publication]) -> None:
+    def __init__(
+        self,
+        feeds: FeedManager,
+        publications: Mapping[str, Publication],
+        snapshots: SnapshotSource | None = None,
+    ) -> None:
         self.feeds = feeds
         self.publications = publications
+        self.snapshots = snapshots
+
+    async def Snapshot(
+        self,
+        request: pb.SnapshotRequest,
+        context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
+    ) -> AsyncIterator[pb.SnapshotChunk]:
+        pub = self.publications.get(request.publication)
+        if pub is None:
+            known = ", ".join(sorted(self.publications)) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"publication {request.publication!r} not found (known: {known})",
+            )
+        assert pub is not None
+        if self.snapshots is None or self.snapshots.capture_thread is None:
+            await context.abort(
+                grpc.StatusCode.UNIMPLEMENTED,
+                "snapshots are available for SQLite sources only in this version",
+            )
+        assert self.snapshots is not None
+        log.info("snapshot requested", publication=pub.name, subscriber=request.subscriber)
+        chunks = self.snapshots.stream(pub, request.chunk_rows)
+        try:
+            while True:
+                chunk = await asyncio.to_thread(next, chunks, None)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            await asyncio.to_thread(chunks.close)
 
     async def Sync(  # type: ignore[override]
         self,

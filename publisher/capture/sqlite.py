@@ -253,11 +253,12 @@ class SqliteCapture:
             return True
         return False
 
-    def read(self, after_id: int) -> list[CapturedRow]:
-        """Every captured row with id > after_id, in one read transaction."""
+    def read(self, after_id: int, upto_id: int | None = None) -> list[CapturedRow]:
+        """Every captured row with after_id < id (<= upto_id), in one read transaction."""
         rows = self._conn.execute(
-            "SELECT id, pub, tbl, op, k, v FROM _txrepl_capture WHERE id > ? ORDER BY id",
-            (after_id,),
+            "SELECT id, pub, tbl, op, k, v FROM _txrepl_capture WHERE id > ? AND id <= ?"
+            " ORDER BY id",
+            (after_id, upto_id if upto_id is not None else 2**63 - 1),
         ).fetchall()
         return [CapturedRow(*r) for r in rows]
 
@@ -265,9 +266,14 @@ class SqliteCapture:
         """Delete captured rows that every publication has durably logged."""
         self._conn.execute("DELETE FROM _txrepl_capture WHERE id <= ?", (upto_id,))
 
-    def max_id(self) -> int:
-        row = self._conn.execute("SELECT max(id) FROM _txrepl_capture").fetchone()
-        return int(row[0] or 0)
+    def max_id(self, conn: sqlite3.Connection | None = None) -> int:
+        """The highest capture id ever handed out (rows may have been released since)."""
+        row = (
+            (conn or self._conn)
+            .execute("SELECT seq FROM sqlite_sequence WHERE name = '_txrepl_capture'")
+            .fetchone()
+        )
+        return int(row[0]) if row else 0
 
     def build_entry(
         self,

@@ -1,0 +1,73 @@
+"""The capture thread: moves committed source rows into the publication logs.
+
+One step reads every capture row committed so far (optionally only up to a
+given capture id, for snapshots) and appends at most one entry per publication,
+then releases the rows every publication has durably logged.  Steps run under
+``lock`` so a snapshot can stop capture at an exact position (publisher/snapshot.py).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import structlog
+
+from publisher.capture.sqlite import SqliteCapture
+from publisher.publication import Publication
+
+__all__ = ["CaptureThread"]
+
+log = structlog.get_logger(__name__)
+
+
+class CaptureThread(threading.Thread):
+    def __init__(
+        self, capture: SqliteCapture, pubs: list[Publication], poll_interval_s: float
+    ) -> None:
+        super().__init__(name="txrepl-capture", daemon=True)
+        self.capture = capture
+        self.pubs = pubs
+        self.poll_interval_s = poll_interval_s
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.entries = 0
+
+    def run(self) -> None:
+        failures = 0
+        force = True
+        while not self.halt.is_set():
+            try:
+                if self.capture.changed() or force:
+                    force = False
+                    with self.lock:
+                        self.step()
+                failures = 0
+            except Exception as e:  # keep capturing; the source may be busy or briefly locked
+                failures += 1
+                force = True
+                log.error("capture failed; retrying", error=str(e), failures=failures)
+                self.halt.wait(min(5.0, 0.1 * 2**failures))
+                continue
+            self.halt.wait(self.poll_interval_s)
+
+    def step(self, upto: int | None = None) -> int:
+        """One poll: committed capture rows (ids <= ``upto``) become at most one entry each."""
+        low = min(p.position for p in self.pubs)
+        rows = self.capture.read(low, upto)
+        if not rows:
+            return 0
+        installed = self.capture.installed()
+        appended = 0
+        for pub in self.pubs:
+            entry, last = self.capture.build_entry(
+                pub.name, rows, pub.position, installed.get(pub.name, {})
+            )
+            if entry is not None:
+                pub.append(entry, position=last)
+                appended += 1
+            elif last > pub.position:
+                pub.advance(last)
+        self.capture.release(min(p.position for p in self.pubs))
+        self.entries += appended
+        return appended
