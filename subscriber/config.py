@@ -63,6 +63,10 @@ class SubscriptionConfig:
     key_file: str = ""
     tls_server_name: str = ""  # name to check in the publisher's certificate
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
+    # How a new subscription (level 0) starts: "auto" replays the log from seq 1,
+    # or loads a snapshot when seq 1 was purged; "snapshot" always loads one;
+    # "log" never does.
+    initial: Literal["auto", "log", "snapshot"] = "auto"
 
     def __post_init__(self) -> None:
         for field in ("publisher", "publication"):
@@ -91,11 +95,24 @@ class SubscriptionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class SparkConfig:
-    master: str = "local[2]"
+    """``[spark]``: the daemon's SparkSession (see docs/spark-cluster.md for clusters)."""
+
+    master: str = "local[2]"  # or spark://host:7077, k8s://https://host:443, yarn
     conf: dict[str, str] = dataclasses.field(default_factory=dict)
-    jars: list[str] = dataclasses.field(default_factory=list)
+    jars: list[str] = dataclasses.field(default_factory=list)  # shipped to executors
     shuffle_partitions: int = 2
     log_level: str = "WARN"
+    executor_cores: int = 0  # spark.executor.cores (0: Spark's default)
+    executor_memory: str = ""  # spark.executor.memory, e.g. "2g" ("": Spark's default)
+    python: str = ""  # the executors' Python ("": this daemon's interpreter)
+
+    def __post_init__(self) -> None:
+        if self.executor_cores < 0:
+            raise ValueError("spark.executor_cores must not be negative")
+        if self.executor_memory and not re.fullmatch(r"[0-9]+[kmgtKMGT]?", self.executor_memory):
+            raise ValueError(
+                f"spark.executor_memory {self.executor_memory!r}: use a size such as 512m or 2g"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -22,7 +22,11 @@ class SparkSettings:
 
     ``conf`` entries override the defaults set by :func:`create_spark_session`;
     ``jars`` are local paths (JDBC drivers from Debian packages, Maven being
-    unreachable) joined into ``spark.jars``.
+    unreachable) joined into ``spark.jars``, which also ships them to executors.
+    ``executor_cores`` (0: Spark's default) and ``executor_memory`` ("": default)
+    size the executors of a cluster; ``python`` is the interpreter executors run
+    Python workers with ("": this process's, right for local masters and for
+    clusters whose machines share the same path and packages).
     """
 
     master: str = "local[2]"
@@ -31,6 +35,23 @@ class SparkSettings:
     jars: Sequence[str] = ()
     shuffle_partitions: int = 2
     log_level: str = "WARN"
+    executor_cores: int = 0
+    executor_memory: str = ""
+    python: str = ""
+
+    @classmethod
+    def from_config(cls, config: Any) -> SparkSettings:
+        """From a ``subscriber.config.SparkConfig`` (read by attribute)."""
+        return cls(
+            master=config.master,
+            conf=dict(config.conf),
+            jars=tuple(config.jars),
+            shuffle_partitions=config.shuffle_partitions,
+            log_level=config.log_level,
+            executor_cores=getattr(config, "executor_cores", 0),
+            executor_memory=getattr(config, "executor_memory", ""),
+            python=getattr(config, "python", ""),
+        )
 
     def __post_init__(self) -> None:
         if not self.master:
@@ -41,6 +62,8 @@ class SparkSettings:
             raise ValueError("SparkSettings.shuffle_partitions: must be at least 1")
         if self.log_level.upper() not in _LOG_LEVELS:
             raise ValueError(f"SparkSettings.log_level: must be one of {', '.join(_LOG_LEVELS)}")
+        if self.executor_cores < 0:
+            raise ValueError("SparkSettings.executor_cores: must not be negative")
         for key, value in self.conf.items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise ValueError(f"SparkSettings.conf: {key!r} must map a string to a string")
@@ -55,7 +78,9 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
     """
     # Spark's launcher and its Python workers read these from the environment.
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    os.environ["PYSPARK_PYTHON"] = sys.executable
+    # The driver's PYSPARK_PYTHON is also what executors start Python workers with.
+    python = settings.python or sys.executable
+    os.environ["PYSPARK_PYTHON"] = python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
     from pyspark.sql import SparkSession
@@ -71,9 +96,15 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.execution.arrow.pyspark.fallback.enabled": "false",
         "spark.sql.session.timeZone": "UTC",
+        "spark.pyspark.python": python,
+        "spark.executorEnv.PYSPARK_PYTHON": python,
     }
     if settings.jars:
         conf["spark.jars"] = ",".join(settings.jars)
+    if settings.executor_cores:
+        conf["spark.executor.cores"] = str(settings.executor_cores)
+    if settings.executor_memory:
+        conf["spark.executor.memory"] = settings.executor_memory
     conf.update(settings.conf)
 
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
