@@ -2,5 +2,6 @@
 
 pytest_plugins = [
     "tests.fixtures.spark",
+    "tests.fixtures.spark_cluster",
     "tests.fixtures.postgres",
 ]
