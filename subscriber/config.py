@@ -63,6 +63,10 @@ class SubscriptionConfig:
     key_file: str = ""
     tls_server_name: str = ""  # name to check in the publisher's certificate
     schedule: Schedule = dataclasses.field(default_factory=Schedule)
+    # How a new subscription (level 0) starts: "auto" replays the log from seq 1,
+    # or loads a snapshot when seq 1 was purged; "snapshot" always loads one;
+    # "log" never does.
+    initial: Literal["auto", "log", "snapshot"] = "auto"
 
     def __post_init__(self) -> None:
         for field in ("publisher", "publication"):

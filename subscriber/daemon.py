@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -46,9 +46,9 @@ from subscriber.apply import (
     Applier,
     ApplyResult,
     SparkSettings,
-    SqliteWriter,
     Writer,
     create_spark_session,
+    open_writer,
 )
 from subscriber.config import SubscriberConfig, SubscriptionConfig
 from subscriber.connection import STATES, SubscriptionRunner
@@ -189,10 +189,6 @@ class Subscriber:
     def open(self) -> None:
         cfg = self.config
         cfg.data_path.mkdir(parents=True, exist_ok=True)
-        if not cfg.target.startswith("sqlite:///"):
-            from common.config import ConfigError
-
-            raise ConfigError("target", "target", "only sqlite:/// targets in this build")
         s = cfg.spark
         self.spark = create_spark_session(
             SparkSettings(
@@ -205,8 +201,9 @@ class Subscriber:
         )
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         for sc in cfg.subscription:
-            writer = SqliteWriter(cfg.sqlite_target_path)
+            writer = open_writer(cfg.target, cfg.apply, base_dir=cfg.config_dir)
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
+            applier.configure(cfg.apply)  # error policy, retries, transforms, history
             self.runners[sc.id] = SubscriptionRunner(
                 resolve_token(sc, cfg),
                 cfg.server_name,
@@ -214,7 +211,34 @@ class Subscriber:
                 batch=cfg.batch,
                 backoff=cfg.backoff,
                 channel_factory=aio_channel_factory(sc.client_tls, cfg.path),
+                snapshot=self._snapshot_loader(sc),
             )
+
+    def _snapshot_loader(self, sc: SubscriptionConfig) -> Callable[[], tuple[str, int]] | None:
+        """Loading snapshots needs a SQLite target (subscriber/reinit.py)."""
+        cfg = self.config
+        if not cfg.target.startswith("sqlite:///"):
+            return None
+        spark = self.spark
+        assert spark is not None
+        sub = resolve_token(sc, cfg)
+        metadata = (("x-txrepl-token", sub.token),) if sub.token else None
+
+        def load() -> tuple[str, int]:
+            from subscriber.reinit import load_snapshot
+
+            return load_snapshot(
+                address=sc.address,
+                publisher=sc.publisher,
+                publication=sc.publication,
+                subscriber=cfg.server_name,
+                subscription=sc.id,
+                target=cfg.sqlite_target_path,
+                spark=spark,
+                metadata=metadata,
+            )
+
+        return load
 
     async def serve(self) -> None:
         cfg = self.config

@@ -9,21 +9,37 @@ Public face (see ``docs/apply.md``)::
 """
 
 from subscriber.apply.engine import Applier, ApplyResult
-from subscriber.apply.errors import ApplyError, GapError, SchemaError, WriterError
+from subscriber.apply.errors import (
+    ApplyError,
+    GapError,
+    PoisonEntryError,
+    SchemaError,
+    TransientError,
+    WriterError,
+)
+from subscriber.apply.options import ApplyOptions, TableOptions, open_writer
+from subscriber.apply.postgres import PostgresWriter
 from subscriber.apply.session import SparkSettings, create_spark_session
 from subscriber.apply.sqlite import SqliteWriter
-from subscriber.apply.writer import SubscriptionState, Writer
+from subscriber.apply.writer import StoredError, SubscriptionState, Writer
 
 __all__ = [
     "Applier",
     "ApplyError",
+    "ApplyOptions",
     "ApplyResult",
     "GapError",
+    "PoisonEntryError",
+    "PostgresWriter",
     "SchemaError",
     "SparkSettings",
     "SqliteWriter",
+    "StoredError",
     "SubscriptionState",
+    "TableOptions",
+    "TransientError",
     "Writer",
     "WriterError",
     "create_spark_session",
+    "open_writer",
 ]

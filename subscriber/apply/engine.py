@@ -26,6 +26,18 @@ Algorithm, for a batch ``(first_seq, entries)``; entry ``i`` has seq ``first_seq
    per table segment), then the new level row (``level = first_seq + n - 1``),
    then commit.
 
+Errors: a :class:`TransientError` of the writer (connection lost, lock timeout,
+serialization failure) is retried with exponential backoff, up to
+``options.retries`` attempts.  Any other :class:`ApplyError` (a constraint, bad
+data, a schema problem) is *narrowed*: the batch is split in halves, recursively,
+each half applied on its own (committing the good ones and moving the level), until
+the failing entry is alone.  That entry is stored whole in ``txrepl_errors`` (in a
+transaction that checks the level is just before it); then, by ``error_policy``,
+either :class:`PoisonEntryError` is raised (``stop``, the default: the level stays
+just before the entry) or the level moves past it and the rest of the batch is
+applied (``skip``).  Cost of narrowing: about ``2 log2(n)`` applies for a batch of
+``n`` entries, only on failure.
+
 Atomicity: Spark only computes; nothing reaches the target before step 4, and
 step 4 is a single database transaction holding both the rows and the level.  A
 crash (SIGKILL, power loss) before the commit is durable leaves the target exactly
@@ -39,15 +51,22 @@ schema cache is replaced only after the commit returns.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow.compute as pc
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import EventBuffer, net_effect
-from subscriber.apply.errors import ApplyError, GapError, SchemaError
+from subscriber.apply.errors import (
+    ApplyError,
+    GapError,
+    PoisonEntryError,
+    SchemaError,
+    TransientError,
+)
+from subscriber.apply.options import ApplyOptions
 from subscriber.apply.writer import (
     CallStep,
     RowsStep,
@@ -76,18 +95,40 @@ class ApplyResult:
     written: int  # target rows deleted or upserted after net effect
     entries: int
     seconds: float  # wall time of the whole apply (Spark and target)
+    skipped: tuple[int, ...] = ()  # seqs stored in txrepl_errors and skipped (policy skip)
 
 
 class Applier:
     """Applies the batches of one subscription to one target, through Spark."""
 
-    def __init__(self, spark: SparkSession, writer: Writer, subscription: str) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        writer: Writer,
+        subscription: str,
+        *,
+        options: ApplyOptions | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         if not subscription:
             raise ValueError("Applier.subscription: must not be empty")
         self._spark = spark
         self._writer = writer
         self.subscription = subscription
         self._state: SubscriptionState | None = None
+        self._sleep = sleep
+        self.options = ApplyOptions()
+        self.configure(options or ApplyOptions())
+
+    @property
+    def writer(self) -> Writer:
+        return self._writer
+
+    def configure(self, options: ApplyOptions | Any) -> None:
+        """Set the options: an :class:`ApplyOptions` or a ``subscriber.config.ApplyConfig``."""
+        if not isinstance(options, ApplyOptions):
+            options = ApplyOptions.from_config(options)
+        self.options = options
 
     def load_state(self) -> SubscriptionState:
         """Read the subscription's level, incarnation and schemas from the target."""
@@ -106,8 +147,13 @@ class Applier:
         """Apply the batch and move the level, in one target transaction.
 
         Raises :class:`GapError` when ``first_seq`` is not ``level + 1`` or the
-        incarnation differs from the stored one; any :class:`ApplyError` leaves
-        the target unchanged.
+        incarnation differs from the stored one.  A persistent failure is narrowed
+        to its entry (see the module docstring): :class:`PoisonEntryError` then
+        says where the level now stands (policy ``stop``), or, with policy
+        ``skip``, the result lists the skipped seqs.  A :class:`TransientError`
+        that outlasts the retries is raised as is; then, as for every other
+        :class:`ApplyError`, the target's level is :attr:`state`'s after
+        :meth:`load_state` (entries committed before the failure stay committed).
         """
         started = time.perf_counter()
         state = self.state
@@ -117,17 +163,89 @@ class Applier:
             # Re-read: another process may have moved the level (the writer checks again).
             state = self.load_state()
         self._check(state, first_seq, incarnation)
+        rows, written, skipped = self._apply_or_narrow(first_seq, entries, incarnation, None)
         last_seq = first_seq + len(entries) - 1
+        return ApplyResult(
+            last_seq, rows, written, len(entries), time.perf_counter() - started, tuple(skipped)
+        )
 
+    # -- retries and narrowing ------------------------------------------------------
+
+    def _apply_or_narrow(
+        self,
+        first_seq: int,
+        entries: Sequence[pb.Entry],
+        incarnation: str,
+        failure: ApplyError | None,
+    ) -> tuple[int, int, list[int]]:
+        """Apply, or (on a persistent failure) apply all but the failing entry.
+
+        Returns (row changes, target rows written, skipped seqs).
+        """
+        if failure is None:
+            try:
+                rows, written = self._apply_retrying(first_seq, entries, incarnation)
+                return rows, written, []
+            except (GapError, TransientError):
+                raise
+            except ApplyError as exc:
+                failure = exc
+        if len(entries) == 1:
+            self._poison(first_seq, entries[0], incarnation, failure)
+            return 0, 0, [first_seq]
+        half = len(entries) // 2
+        r1, w1, s1 = self._apply_or_narrow(first_seq, entries[:half], incarnation, None)
+        r2, w2, s2 = self._apply_or_narrow(first_seq + half, entries[half:], incarnation, None)
+        return r1 + r2, w1 + w2, s1 + s2
+
+    def _retrying(self, what: Callable[[], Any]) -> Any:
+        opts = self.options
+        for attempt in range(1, opts.retries + 1):
+            try:
+                return what()
+            except TransientError:
+                self._state = None  # the target may have moved: reload next time
+                if attempt == opts.retries:
+                    raise
+                self._sleep(min(opts.retry_max_s, opts.retry_initial_s * 2 ** (attempt - 1)))
+        raise AssertionError("unreachable")
+
+    def _apply_retrying(
+        self, first_seq: int, entries: Sequence[pb.Entry], incarnation: str
+    ) -> tuple[int, int]:
+        state = self.state
         schemas = dict(state.schemas)
         steps, rows = self._plan(first_seq, entries, schemas)
+        last_seq = first_seq + len(entries) - 1
+
+        def write() -> int:
+            return self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
+
         try:
-            written = self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
+            written: int = self._retrying(write)
         except GapError:
             self._state = None  # the target moved under us: reload next time
             raise
         self._state = SubscriptionState(last_seq, incarnation, schemas)
-        return ApplyResult(last_seq, rows, written, len(entries), time.perf_counter() - started)
+        return rows, written
+
+    def _poison(self, seq: int, entry: pb.Entry, incarnation: str, failure: ApplyError) -> None:
+        """Store the failing entry; raise PoisonEntryError unless the policy is skip."""
+        skip = self.options.error_policy == "skip"
+        error = str(failure)
+        payload = entry.SerializeToString()
+        self._retrying(
+            lambda: self._writer.record_error(
+                self.subscription, incarnation, seq, payload, error, skip=skip
+            )
+        )
+        state = self.state
+        level = seq if skip else seq - 1
+        self._state = SubscriptionState(level, incarnation, state.schemas)
+        if not skip:
+            raise PoisonEntryError(
+                subscription=self.subscription, seq=seq, level=level, error=error, cause=failure
+            ) from failure
 
     def _check(self, state: SubscriptionState, first_seq: int, incarnation: str) -> None:
         if first_seq != state.level + 1:

@@ -5,16 +5,30 @@ Tree::
     ApplyError                 a batch was not applied; the target is unchanged
     ├── GapError               first_seq != level + 1 (or the incarnation changed)
     ├── SchemaError            a row does not fit its table's schema, or no schema yet
-    └── WriterError            the target refused the batch (constraint, I/O, lock)
+    ├── WriterError            the target refused the batch (constraint, I/O, lock)
+    │   └── TransientError     ... for a reason that may pass (connection lost, lock
+    │                          timeout, serialization failure, deadlock): retried
+    └── PoisonEntryError       one entry fails on its own, persistently: the entries
+                               before it were applied (level = seq - 1) and it is
+                               stored whole in the target's ``txrepl_errors``
 
 Every error names the subscription and, where known, the seq and the table.  The
 target transaction is always rolled back before one is raised, so the stored level
-and rows are exactly as before the call.
+and rows are exactly as before the call -- except for :class:`PoisonEntryError`,
+raised after the good prefix of the batch was committed (its ``level`` says where
+the target now stands).
 """
 
 from __future__ import annotations
 
-__all__ = ["ApplyError", "GapError", "SchemaError", "WriterError"]
+__all__ = [
+    "ApplyError",
+    "GapError",
+    "PoisonEntryError",
+    "SchemaError",
+    "TransientError",
+    "WriterError",
+]
 
 
 class ApplyError(Exception):
@@ -54,3 +68,28 @@ class SchemaError(ApplyError):
 
 class WriterError(ApplyError):
     """The target database refused the batch (translated from the driver's error)."""
+
+
+class TransientError(WriterError):
+    """The target failed for a reason that may pass: retrying the same batch may work."""
+
+
+class PoisonEntryError(ApplyError):
+    """Entry ``seq`` fails on its own; the entries before it are applied (``level``).
+
+    The entry is stored whole in the target's ``txrepl_errors`` table with ``error``
+    (the text of the underlying failure); ``cause`` is that failure.
+    """
+
+    def __init__(
+        self, *, subscription: str, seq: int, level: int, error: str, cause: ApplyError
+    ) -> None:
+        super().__init__(
+            f"entry {seq} cannot be applied and was stored in txrepl_errors "
+            f"(level is now {level}): {error}",
+            subscription=subscription,
+            seq=seq,
+        )
+        self.level = level
+        self.error = error
+        self.cause = cause

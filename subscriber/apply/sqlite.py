@@ -31,13 +31,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply.errors import ApplyError, GapError, WriterError
+from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
 from subscriber.apply.writer import (
     CallStep,
     RowsStep,
     SchemaStep,
     SqlStep,
     Step,
+    StoredError,
     SubscriptionState,
     TruncateStep,
     column_of,
@@ -82,6 +83,7 @@ CREATE TABLE IF NOT EXISTS txrepl_errors (
     entry        BLOB NOT NULL,   -- serialized txrepl.v1.Entry, whole
     error        TEXT NOT NULL,
     created_at   TEXT NOT NULL,
+    status       TEXT NOT NULL DEFAULT 'open',  -- open | skipped | applied
     PRIMARY KEY (subscription, seq)
 );
 """
@@ -144,6 +146,11 @@ class SqliteWriter:
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
             self._conn.executescript(_METADATA)
+            cols = [r[1] for r in self._conn.execute("PRAGMA table_info(txrepl_errors)")]
+            if "status" not in cols:  # made by an earlier build
+                self._conn.execute(
+                    "ALTER TABLE txrepl_errors ADD COLUMN status TEXT NOT NULL DEFAULT 'open'"
+                )
         except sqlite3.Error as exc:
             raise WriterError(f"cannot open SQLite target {self.path}: {exc}") from exc
         self._lock = threading.Lock()
@@ -185,46 +192,133 @@ class SqliteWriter:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                row = conn.execute(
-                    "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
-                    (subscription,),
-                ).fetchone()
-                level, stored = (int(row[1]), str(row[0])) if row else (0, "")
-                if first_seq != level + 1:
-                    raise GapError(
-                        f"batch starts at seq {first_seq} but the target's level is {level}",
-                        subscription=subscription,
-                        seq=first_seq,
-                    )
-                if stored and stored != incarnation:
-                    raise GapError(
-                        f"incarnation {incarnation!r} differs from the stored {stored!r}",
-                        subscription=subscription,
-                        seq=first_seq,
-                    )
+                level, stored = self._level(subscription)
+                _check_level(subscription, incarnation, first_seq, level, stored)
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
-                conn.execute(
-                    "INSERT INTO txrepl_subscriptions"
-                    " (subscription, incarnation, level, updated_at) VALUES (?, ?, ?, ?)"
-                    " ON CONFLICT (subscription) DO UPDATE SET"
-                    " incarnation = excluded.incarnation, level = excluded.level,"
-                    " updated_at = excluded.updated_at",
-                    (subscription, incarnation, last_seq, _now()),
-                )
+                self._set_level(subscription, incarnation, last_seq)
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
-                    raise WriterError(
-                        f"SQLite target {self.path} refused the batch: {exc}",
-                        subscription=subscription,
-                        seq=first_seq,
-                    ) from exc
+                self._fail(exc, subscription, first_seq)
                 raise
+
+    def _fail(self, exc: BaseException, subscription: str, seq: int | None) -> None:
+        """Roll back; translate a driver error (the caller re-raises anything else)."""
+        if self._conn.in_transaction:
+            self._conn.execute("ROLLBACK")
+        if isinstance(exc, sqlite3.Error):
+            cls = (
+                TransientError
+                if isinstance(exc, sqlite3.OperationalError)
+                and ("locked" in str(exc) or "busy" in str(exc))
+                else WriterError
+            )
+            raise cls(
+                f"SQLite target {self.path} refused the batch: {exc}",
+                subscription=subscription,
+                seq=seq,
+            ) from exc
+
+    def _level(self, subscription: str) -> tuple[int, str]:
+        row = self._conn.execute(
+            "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
+            (subscription,),
+        ).fetchone()
+        return (int(row[1]), str(row[0])) if row else (0, "")
+
+    def _set_level(self, subscription: str, incarnation: str, level: int) -> None:
+        self._conn.execute(
+            "INSERT INTO txrepl_subscriptions"
+            " (subscription, incarnation, level, updated_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (subscription) DO UPDATE SET"
+            " incarnation = excluded.incarnation, level = excluded.level,"
+            " updated_at = excluded.updated_at",
+            (subscription, incarnation, level, _now()),
+        )
+
+    # -- errors ----------------------------------------------------------------
+
+    def record_error(
+        self,
+        subscription: str,
+        incarnation: str,
+        seq: int,
+        entry: bytes,
+        error: str,
+        *,
+        skip: bool,
+    ) -> None:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                level, stored = self._level(subscription)
+                _check_level(subscription, incarnation, seq, level, stored)
+                self._conn.execute(
+                    "INSERT INTO txrepl_errors"
+                    " (subscription, seq, entry, error, created_at, status)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (subscription, seq) DO UPDATE SET"
+                    " entry = excluded.entry, error = excluded.error,"
+                    " created_at = excluded.created_at, status = excluded.status",
+                    (subscription, seq, entry, error, _now(), "skipped" if skip else "open"),
+                )
+                if skip:
+                    self._set_level(subscription, incarnation, seq)
+                self._conn.execute("COMMIT")
+            except BaseException as exc:
+                self._fail(exc, subscription, seq)
+                raise
+
+    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT subscription, seq, entry, error, created_at, status"
+                    " FROM txrepl_errors WHERE ? IS NULL OR subscription = ?"
+                    " ORDER BY subscription, seq",
+                    (subscription, subscription),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise WriterError(f"cannot read txrepl_errors from {self.path}: {exc}") from exc
+        return [StoredError(r[0], int(r[1]), bytes(r[2]), r[3], r[4], r[5]) for r in rows]
+
+    def skip_error(self, subscription: str, seq: int) -> int:
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                level, stored = self._level(subscription)
+                cur = self._conn.execute(
+                    "UPDATE txrepl_errors SET status = 'skipped'"
+                    " WHERE subscription = ? AND seq = ?",
+                    (subscription, seq),
+                )
+                if cur.rowcount != 1:
+                    raise ApplyError("no stored error", subscription=subscription, seq=seq)
+                if level < seq - 1:
+                    raise ApplyError(
+                        f"the level is {level}: entries before {seq} are not applied yet",
+                        subscription=subscription,
+                        seq=seq,
+                    )
+                if level == seq - 1:
+                    self._set_level(subscription, stored, seq)
+                    level = seq
+                self._conn.execute("COMMIT")
+                return level
+            except BaseException as exc:
+                self._fail(exc, subscription, seq)
+                raise
+
+    def mark_error(self, subscription: str, seq: int, status: str) -> None:
+        with self._lock:
+            try:
+                self._conn.execute(
+                    "UPDATE txrepl_errors SET status = ? WHERE subscription = ? AND seq = ?",
+                    (status, subscription, seq),
+                )
+            except sqlite3.Error as exc:
+                raise WriterError(f"cannot update txrepl_errors in {self.path}: {exc}") from exc
 
     # -- steps ---------------------------------------------------------------
 
@@ -232,7 +326,7 @@ class SqliteWriter:
         if isinstance(step, RowsStep):
             return self._rows(step)
         if isinstance(step, SchemaStep):
-            self._schema(subscription, step.schema)
+            self._schema(subscription, step.schema, step.target or step.schema)
             return 0
         if isinstance(step, TruncateStep):
             self._conn.execute(f"DELETE FROM {quote(step.table)}")
@@ -251,7 +345,7 @@ class SqliteWriter:
     def _existing_columns(self, table: str) -> list[str]:
         return [r[1] for r in self._conn.execute(f"PRAGMA table_info({quote(table)})")]
 
-    def _schema(self, subscription: str, schema: pb.TableSchema) -> None:
+    def _schema(self, subscription: str, source: pb.TableSchema, schema: pb.TableSchema) -> None:
         existing = self._existing_columns(schema.table)
         if not existing:
             cols = []
@@ -277,7 +371,7 @@ class SqliteWriter:
             "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
             " VALUES (?, ?, ?, ?) ON CONFLICT (subscription, table_name) DO UPDATE SET"
             " schema = excluded.schema, updated_at = excluded.updated_at",
-            (subscription, schema.table, schema.SerializeToString(), _now()),
+            (subscription, source.table, source.SerializeToString(), _now()),
         )
 
     def _rows(self, step: RowsStep) -> int:
@@ -308,6 +402,23 @@ class SqliteWriter:
             )
             written += step.upserts.num_rows
         return written
+
+
+def _check_level(
+    subscription: str, incarnation: str, first_seq: int, level: int, stored: str
+) -> None:
+    if first_seq != level + 1:
+        raise GapError(
+            f"batch starts at seq {first_seq} but the target's level is {level}",
+            subscription=subscription,
+            seq=first_seq,
+        )
+    if stored and stored != incarnation:
+        raise GapError(
+            f"incarnation {incarnation!r} differs from the stored {stored!r}",
+            subscription=subscription,
+            seq=first_seq,
+        )
 
 
 def _rows_of(columns: list[list[object]]) -> Iterable[tuple[object, ...]]:

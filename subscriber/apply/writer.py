@@ -49,6 +49,7 @@ __all__ = [
     "SchemaStep",
     "SqlStep",
     "Step",
+    "StoredError",
     "SubscriptionState",
     "TruncateStep",
     "Writer",
@@ -69,11 +70,33 @@ class SubscriptionState:
 
 
 @dataclass(frozen=True)
+class StoredError:
+    """One row of the target's ``txrepl_errors``: an entry that could not be applied.
+
+    ``status``: ``open`` (the subscription stopped before it), ``skipped`` (the level
+    moved past it without applying it) or ``applied`` (a retry applied it).
+    """
+
+    subscription: str
+    seq: int
+    entry: bytes  # the serialized txrepl.v1.Entry, whole
+    error: str
+    created_at: str
+    status: str
+
+
+@dataclass(frozen=True)
 class SchemaStep:
-    """Create the table, or add the columns it lacks, and record the schema."""
+    """Create the table, or add the columns it lacks, and record the schema.
+
+    ``schema`` is the source's (recorded, keyed by its table name); ``target``, when
+    a transform or history mode shapes the target table differently, is what the
+    DDL creates.
+    """
 
     schema: pb.TableSchema
     previous: pb.TableSchema | None
+    target: pb.TableSchema | None = None
 
 
 @dataclass(frozen=True)
@@ -130,6 +153,40 @@ class Writer(Protocol):
         ``first_seq - 1`` and the stored incarnation is empty or ``incarnation``.
         Returns the number of target rows deleted or upserted.
         """
+        ...
+
+    def record_error(
+        self,
+        subscription: str,
+        incarnation: str,
+        seq: int,
+        entry: bytes,
+        error: str,
+        *,
+        skip: bool,
+    ) -> None:
+        """Store entry ``seq`` in ``txrepl_errors``; with ``skip`` also move the level to it.
+
+        One transaction, under the level lock; raises :class:`GapError` unless the
+        level is ``seq - 1`` (so the error is recorded exactly where the
+        subscription stands).
+        """
+        ...
+
+    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
+        """Stored errors in (subscription, seq) order; all subscriptions if None."""
+        ...
+
+    def skip_error(self, subscription: str, seq: int) -> int:
+        """Mark error ``seq`` skipped and, if the level is ``seq - 1``, move it to ``seq``.
+
+        Returns the level afterwards.  Raises :class:`ApplyError` if there is no
+        such error, or the level is below ``seq - 1``.
+        """
+        ...
+
+    def mark_error(self, subscription: str, seq: int, status: str) -> None:
+        """Set a stored error's status (``applied`` after a successful retry)."""
         ...
 
     def close(self) -> None: ...

@@ -1,0 +1,97 @@
+"""Apply tables -> PostgreSQL DDL types and CSV for ``COPY ... FROM STDIN (FORMAT csv)``.
+
+Why CSV and not binary COPY: the apply tables are already Arrow, and Arrow's CSV
+writer turns a whole table into PostgreSQL-readable text in C (no per-value
+Python).  Measured here for 200k rows x 5 columns: Arrow CSV + text COPY 0.27 s,
+``to_pylist`` + psycopg binary ``write_row`` 0.6-0.8 s.
+
+Arrow's CSV writer quotes every string and writes NULL as an unquoted empty
+field, which is exactly PostgreSQL's CSV convention (``""`` is the empty string,
+an empty field is NULL); a lone ``\\.`` is quoted, so it is never read as the end
+of data.  Floats are written in their shortest round-trip form.  Only BYTES (as
+``\\x`` hex) and variant cells (their natural text form) need Python per value.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import io
+
+import pyarrow as pa
+import pyarrow.csv as pcsv
+
+from common import values
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.writer import column_of
+
+__all__ = ["csv_bytes", "pg_type"]
+
+T = pb.ColumnType
+
+_PG_TYPES: dict[int, str] = {
+    T.COLUMN_TYPE_INTEGER: "bigint",
+    T.COLUMN_TYPE_FLOAT: "double precision",
+    T.COLUMN_TYPE_TEXT: "text",
+    T.COLUMN_TYPE_BYTES: "bytea",
+    T.COLUMN_TYPE_BOOLEAN: "boolean",
+    T.COLUMN_TYPE_DATE: "date",
+    T.COLUMN_TYPE_TIME: "time",
+    T.COLUMN_TYPE_TIMESTAMP: "timestamp",
+    T.COLUMN_TYPE_TIMESTAMPTZ: "timestamptz",
+    T.COLUMN_TYPE_JSON: "jsonb",
+}
+
+_WRITE = pcsv.WriteOptions(include_header=False)
+
+
+def pg_type(column: pb.Column) -> str:
+    """The PostgreSQL type of a logical column (unspecified: text)."""
+    if column.type == T.COLUMN_TYPE_DECIMAL:
+        if column.precision:
+            return f"numeric({column.precision},{column.scale})"
+        return "numeric"
+    return _PG_TYPES.get(column.type, "text")
+
+
+def _text_form(v: object) -> str:
+    """A Python value of ``common.values`` as PostgreSQL input text."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, bytes):
+        return "\\x" + v.hex()
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, int | decimal.Decimal | str):
+        return str(v)
+    if isinstance(v, dt.date | dt.time):  # datetime is a date
+        return v.isoformat()
+    raise TypeError(f"no PostgreSQL text form for {type(v).__name__}")
+
+
+def _pg_column(table: pa.Table, index: int, column: pb.Column) -> pa.Array | pa.ChunkedArray:
+    col, variant = column_of(table, index)
+    if variant:
+        cells = [
+            None if b is None else values.decode(pb.Value.FromString(b)) for b in col.to_pylist()
+        ]
+        return pa.array([None if v is None else _text_form(v) for v in cells], pa.string())
+    t = column.type
+    if t == T.COLUMN_TYPE_TIME:
+        return col.cast(pa.time64("us"))
+    if t == T.COLUMN_TYPE_TIMESTAMP:
+        return col.cast(pa.timestamp("us"))
+    if t == T.COLUMN_TYPE_BYTES:
+        return pa.array(
+            [None if b is None else "\\x" + b.hex() for b in col.to_pylist()], pa.string()
+        )
+    return col
+
+
+def csv_bytes(table: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> bytes:
+    """The schema columns ``indexes`` of an apply table as headerless PostgreSQL CSV."""
+    arrays = [_pg_column(table, i, schema.columns[i]) for i in indexes]
+    out = pa.table(arrays, names=[f"c{i}" for i in indexes])
+    buf = io.BytesIO()
+    pcsv.write_csv(out, buf, _WRITE)
+    return buf.getvalue()

@@ -1,0 +1,97 @@
+"""How an :class:`~subscriber.apply.Applier` behaves, and opening a writer from a target URL.
+
+``ApplyOptions`` mirrors ``[apply]`` of the subscriber config (``subscriber.config``
+keeps the TOML side free of Spark and Arrow); :meth:`ApplyOptions.from_config`
+converts, :func:`open_writer` picks the writer by the target URL's scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from subscriber.apply.postgres import PostgresWriter
+from subscriber.apply.sqlite import SqliteWriter
+from subscriber.apply.writer import Writer
+
+__all__ = ["ApplyOptions", "TableOptions", "open_writer"]
+
+
+@dataclass(frozen=True)
+class TableOptions:
+    """Per source table: the "Manipulate" step (Spark SQL) and history mode.
+
+    ``rename`` maps source to target column names; ``drop`` lists source columns
+    not replicated; ``computed`` adds target columns from Spark SQL expressions
+    over the source columns; rows for which ``filter`` (a Spark SQL predicate over
+    the source columns) is not true are deleted on the target; ``target`` is the
+    target table's name.  ``history`` keeps every version instead of overwriting.
+    """
+
+    target: str = ""
+    rename: Mapping[str, str] = field(default_factory=dict)
+    drop: tuple[str, ...] = ()
+    computed: Mapping[str, str] = field(default_factory=dict)
+    filter: str = ""
+    history: bool = False
+
+    @property
+    def transforms(self) -> bool:
+        return bool(self.rename or self.drop or self.computed or self.filter)
+
+
+@dataclass(frozen=True)
+class ApplyOptions:
+    """Error policy, retries of transient target errors, per-table options."""
+
+    error_policy: str = "stop"  # or "skip": store the poisoned entry and move past it
+    retries: int = 5  # attempts in all for a transient target error
+    retry_initial_s: float = 0.2
+    retry_max_s: float = 5.0
+    jdbc_min_rows: int = 0  # PostgreSQL: stage through Spark JDBC from this many rows
+    tables: Mapping[str, TableOptions] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.error_policy not in ("stop", "skip"):
+            raise ValueError("error_policy: must be 'stop' or 'skip'")
+        if self.retries < 1:
+            raise ValueError("retries: must be at least 1")
+
+    @classmethod
+    def from_config(cls, config: Any) -> ApplyOptions:
+        """From a ``subscriber.config.ApplyConfig`` (read by attribute)."""
+        return cls(
+            error_policy=config.error_policy,
+            retries=config.retries,
+            jdbc_min_rows=config.jdbc_min_rows,
+            tables={
+                name: TableOptions(
+                    target=t.target,
+                    rename=dict(t.rename),
+                    drop=tuple(t.drop),
+                    computed=dict(t.computed),
+                    filter=t.filter,
+                    history=t.history,
+                )
+                for name, t in config.tables.items()
+            },
+        )
+
+
+def open_writer(url: str, config: Any = None, *, base_dir: str | Path = ".") -> Writer:
+    """The writer for a target URL: ``sqlite:///PATH`` or ``postgresql://...``.
+
+    ``config`` (a ``subscriber.config.ApplyConfig``, optional) gives the replay
+    role and ``session_replication_role`` for PostgreSQL; a relative SQLite path
+    is taken relative to ``base_dir``.
+    """
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///") :])
+        return SqliteWriter(path if path.is_absolute() else Path(base_dir) / path)
+    if url.startswith(("postgresql://", "postgres://")):
+        role = getattr(config, "role", "") or None
+        replication_role = getattr(config, "replication_role", "replica")
+        return PostgresWriter(url, role=role, replication_role=replication_role)
+    raise ValueError(f"target {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")

@@ -1,0 +1,465 @@
+"""PostgreSQL target writer: psycopg 3, one transaction per batch.
+
+A batch's transaction::
+
+    BEGIN
+    SET LOCAL session_replication_role = replica   -- target triggers do not fire twice
+    SET LOCAL ROLE <replay role>                    -- optional
+    INSERT level row if missing; SELECT ... FOR UPDATE   -- the level lock: a second
+                                                         -- applier waits, then fails
+    per step, in order:
+      schema    CREATE TABLE / ALTER TABLE ADD COLUMN; upsert txrepl_schemas
+      rows      CREATE TEMP TABLE ... ON COMMIT DROP; COPY ... FROM STDIN (FORMAT csv)
+                DELETE FROM t USING stage ...; INSERT INTO t SELECT ... ON CONFLICT DO UPDATE
+      truncate  TRUNCATE t
+      sql       the statement
+      call      CALL name(args)
+    UPDATE the level row
+    COMMIT
+
+Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
+numeric), FLOAT double precision, TEXT text, BYTES bytea, BOOLEAN boolean, DATE date,
+TIME time, TIMESTAMP timestamp, TIMESTAMPTZ timestamptz, JSON jsonb, unspecified text.
+Table names are single identifiers in the connection's ``search_path``.
+
+Driver errors are translated here: connection loss, lock timeouts, serialization
+failures and deadlocks become :class:`TransientError` (the applier retries them);
+everything else :class:`WriterError`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from common import values
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._pgcopy import csv_bytes, pg_type
+from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
+from subscriber.apply.writer import (
+    CallStep,
+    RowsStep,
+    SchemaStep,
+    SqlStep,
+    Step,
+    StoredError,
+    SubscriptionState,
+    TruncateStep,
+)
+
+__all__ = ["PostgresWriter"]
+
+_METADATA = """
+CREATE TABLE IF NOT EXISTS txrepl_subscriptions (
+    subscription text PRIMARY KEY,
+    incarnation  text NOT NULL,
+    level        bigint NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE IF NOT EXISTS txrepl_schemas (
+    subscription text NOT NULL,
+    table_name   text NOT NULL,
+    schema       bytea NOT NULL,
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (subscription, table_name)
+);
+CREATE TABLE IF NOT EXISTS txrepl_errors (
+    subscription text NOT NULL,
+    seq          bigint NOT NULL,
+    entry        bytea NOT NULL,
+    error        text NOT NULL,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    status       text NOT NULL DEFAULT 'open',
+    PRIMARY KEY (subscription, seq)
+);
+"""
+
+Q = sql.Identifier
+
+
+def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
+    if conn is not None and (conn.closed or conn.broken):
+        return True
+    # Class 08 (connection), 40 (serialization failure, deadlock), 55P03 (lock not
+    # available), 57P0x (shutdown), 53 (insufficient resources) are all
+    # OperationalError in psycopg; constraint and data errors are not.
+    return isinstance(exc, psycopg.OperationalError)
+
+
+class PostgresWriter:
+    """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
+
+    dialect = "postgresql"
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        role: str | None = None,
+        replication_role: str = "replica",
+        lock_timeout_s: float | None = None,
+        connect_timeout_s: int = 10,
+    ) -> None:
+        if replication_role not in ("replica", "origin", "local"):
+            raise ValueError("replication_role: must be replica, origin or local")
+        self.dsn = dsn
+        self.role = role
+        self.replication_role = replication_role
+        self.lock_timeout_s = lock_timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._lock = threading.Lock()
+        self._conn: psycopg.Connection[Any] | None = None
+        with self._lock:
+            self._run("", 0, self._init_metadata)
+
+    # -- connection and transactions -------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = psycopg.connect(
+                self.dsn,
+                autocommit=True,
+                connect_timeout=self.connect_timeout_s,
+                client_encoding="UTF8",
+                application_name="txrepl-subscriber",
+            )
+        return self._conn
+
+    def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
+        """Run ``body(cursor)`` in one transaction with the session settings; translate."""
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = self._connection()
+            with conn.transaction(), conn.cursor() as cur:
+                cur.execute(
+                    "SELECT set_config('session_replication_role', %s, true)",
+                    (self.replication_role,),
+                )
+                if self.lock_timeout_s is not None:
+                    cur.execute(
+                        "SELECT set_config('lock_timeout', %s, true)",
+                        (f"{int(self.lock_timeout_s * 1000)}ms",),
+                    )
+                if self.role:
+                    cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
+                return body(cur)
+        except psycopg.Error as exc:
+            where = self.dsn.rsplit("@", 1)[-1]  # never the password
+            cls = TransientError if _transient(exc, conn) else WriterError
+            raise cls(
+                f"PostgreSQL target {where} refused the batch: {type(exc).__name__}: {exc}",
+                subscription=subscription,
+                seq=seq,
+            ) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+
+    @staticmethod
+    def _init_metadata(cur: psycopg.Cursor[Any]) -> None:
+        # Appliers starting together must not race on CREATE TABLE IF NOT EXISTS.
+        cur.execute("SELECT pg_advisory_xact_lock(hashtext('txrepl metadata'))")
+        for stmt in _METADATA.split(";"):
+            if stmt.strip():
+                cur.execute(stmt)
+
+    # -- state -------------------------------------------------------------------
+
+    def load_state(self, subscription: str) -> SubscriptionState:
+        def body(cur: psycopg.Cursor[Any]) -> SubscriptionState:
+            cur.execute(
+                "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = %s",
+                (subscription,),
+            )
+            row = cur.fetchone()
+            cur.execute(
+                "SELECT table_name, schema FROM txrepl_schemas WHERE subscription = %s",
+                (subscription,),
+            )
+            schemas = {name: pb.TableSchema.FromString(bytes(b)) for name, b in cur.fetchall()}
+            if row is None:
+                return SubscriptionState(0, "", schemas)
+            return SubscriptionState(int(row[1]), str(row[0]), schemas)
+
+        with self._lock:
+            state: SubscriptionState = self._run(subscription, None, body)
+            return state
+
+    @staticmethod
+    def _lock_level(cur: psycopg.Cursor[Any], subscription: str) -> tuple[int, str]:
+        cur.execute(
+            "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
+            " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",
+            (subscription,),
+        )
+        cur.execute(
+            "SELECT level, incarnation FROM txrepl_subscriptions"
+            " WHERE subscription = %s FOR UPDATE",
+            (subscription,),
+        )
+        row = cur.fetchone()
+        assert row is not None
+        return int(row[0]), str(row[1])
+
+    @staticmethod
+    def _set_level(
+        cur: psycopg.Cursor[Any], subscription: str, incarnation: str, level: int
+    ) -> None:
+        cur.execute(
+            "UPDATE txrepl_subscriptions SET level = %s, incarnation = %s, updated_at = now()"
+            " WHERE subscription = %s",
+            (level, incarnation, subscription),
+        )
+
+    def write(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+    ) -> int:
+        def body(cur: psycopg.Cursor[Any]) -> int:
+            level, stored = self._lock_level(cur, subscription)
+            _check_level(subscription, incarnation, first_seq, level, stored)
+            written = 0
+            for n, step in enumerate(steps):
+                written += self._step(cur, subscription, step, n)
+            self._set_level(cur, subscription, incarnation, last_seq)
+            return written
+
+        with self._lock:
+            written: int = self._run(subscription, first_seq, body)
+            return written
+
+    # -- steps -------------------------------------------------------------------
+
+    def _step(self, cur: psycopg.Cursor[Any], subscription: str, step: Step, n: int) -> int:
+        if isinstance(step, RowsStep):
+            return self._rows(cur, step, n)
+        if isinstance(step, SchemaStep):
+            self._schema(cur, subscription, step)
+            return 0
+        if isinstance(step, TruncateStep):
+            cur.execute(sql.SQL("TRUNCATE {}").format(Q(step.table)))
+            return 0
+        if isinstance(step, SqlStep):
+            cur.execute(step.sql.encode())
+            return 0
+        if isinstance(step, CallStep):
+            self._call(cur, step)
+            return 0
+        raise AssertionError(f"unknown step {step!r}")
+
+    @staticmethod
+    def _call(cur: psycopg.Cursor[Any], step: CallStep) -> None:
+        name = sql.SQL(".").join(Q(part) for part in step.name.split("."))
+        args = [values.decode(v) for v in step.args]
+        marks = sql.SQL(", ").join(sql.Placeholder() for _ in args)
+        cur.execute(sql.SQL("CALL {}({})").format(name, marks), args)
+
+    @staticmethod
+    def _existing_columns(cur: psycopg.Cursor[Any], table: str) -> list[str]:
+        cur.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (Q(table).as_string(cur),),
+        )
+        return [r[0] for r in cur.fetchall()]
+
+    def _schema(self, cur: psycopg.Cursor[Any], subscription: str, step: SchemaStep) -> None:
+        target = step.target if step.target is not None else step.schema
+        existing = self._existing_columns(cur, target.table)
+        if not existing:
+            cols = [
+                sql.SQL("{} {}{}").format(
+                    Q(c.name),
+                    sql.SQL(pg_type(c)),
+                    sql.SQL("" if c.nullable or c.name in target.primary_key else " NOT NULL"),
+                )
+                for c in target.columns
+            ]
+            cols.append(
+                sql.SQL("PRIMARY KEY ({})").format(
+                    sql.SQL(", ").join(Q(k) for k in target.primary_key)
+                )
+            )
+            cur.execute(
+                sql.SQL("CREATE TABLE {} ({})").format(Q(target.table), sql.SQL(", ").join(cols))
+            )
+        else:
+            have = set(existing)
+            for c in target.columns:
+                if c.name not in have:
+                    # Added columns are nullable, as on every target (rows fill them).
+                    cur.execute(
+                        sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                            Q(target.table), Q(c.name), sql.SQL(pg_type(c))
+                        )
+                    )
+        cur.execute(
+            "INSERT INTO txrepl_schemas (subscription, table_name, schema) VALUES (%s, %s, %s)"
+            " ON CONFLICT (subscription, table_name) DO UPDATE SET"
+            " schema = excluded.schema, updated_at = now()",
+            (subscription, step.schema.table, step.schema.SerializeToString()),
+        )
+
+    @staticmethod
+    def _stage(
+        cur: psycopg.Cursor[Any], name: str, schema: pb.TableSchema, indexes: list[int]
+    ) -> sql.Composed:
+        cols = sql.SQL(", ").join(
+            sql.SQL("{} {}").format(Q(f"c{i}"), sql.SQL(pg_type(schema.columns[i])))
+            for i in indexes
+        )
+        cur.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(Q(name), cols))
+        return sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(Q(name))
+
+    def _rows(self, cur: psycopg.Cursor[Any], step: RowsStep, n: int) -> int:
+        schema = step.schema
+        names = [c.name for c in schema.columns]
+        key_idx = [names.index(k) for k in schema.primary_key]
+        table = Q(schema.table)
+        written = 0
+        if step.deletes.num_rows:
+            stage = f"_txrepl_d{n}"
+            copy = self._stage(cur, stage, schema, key_idx)
+            with cur.copy(copy) as cp:
+                cp.write(csv_bytes(step.deletes, schema, key_idx))
+            match = sql.SQL(" AND ").join(
+                sql.SQL("t.{} = s.{}").format(Q(names[i]), Q(f"c{i}")) for i in key_idx
+            )
+            cur.execute(
+                sql.SQL("DELETE FROM {} AS t USING {} AS s WHERE {}").format(table, Q(stage), match)
+            )
+            written += step.deletes.num_rows
+        if step.upserts.num_rows:
+            stage = f"_txrepl_u{n}"
+            every = list(range(len(names)))
+            copy = self._stage(cur, stage, schema, every)
+            with cur.copy(copy) as cp:
+                cp.write(csv_bytes(step.upserts, schema, every))
+            written += step.upserts.num_rows
+            cur.execute(_merge_sql(schema, stage))
+        return written
+
+    # -- errors ------------------------------------------------------------------
+
+    def record_error(
+        self,
+        subscription: str,
+        incarnation: str,
+        seq: int,
+        entry: bytes,
+        error: str,
+        *,
+        skip: bool,
+    ) -> None:
+        def body(cur: psycopg.Cursor[Any]) -> None:
+            level, stored = self._lock_level(cur, subscription)
+            _check_level(subscription, incarnation, seq, level, stored)
+            cur.execute(
+                "INSERT INTO txrepl_errors (subscription, seq, entry, error, status)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (subscription, seq) DO UPDATE SET"
+                " entry = excluded.entry, error = excluded.error,"
+                " status = excluded.status, created_at = now()",
+                (subscription, seq, entry, error, "skipped" if skip else "open"),
+            )
+            if skip:
+                self._set_level(cur, subscription, incarnation, seq)
+
+        with self._lock:
+            self._run(subscription, seq, body)
+
+    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
+        def body(cur: psycopg.Cursor[Any]) -> list[StoredError]:
+            cur.execute(
+                "SELECT subscription, seq, entry, error, created_at, status FROM txrepl_errors"
+                " WHERE %s::text IS NULL OR subscription = %s ORDER BY subscription, seq",
+                (subscription, subscription),
+            )
+            return [
+                StoredError(r[0], int(r[1]), bytes(r[2]), r[3], r[4].isoformat(), r[5])
+                for r in cur.fetchall()
+            ]
+
+        with self._lock:
+            out: list[StoredError] = self._run(subscription or "", None, body)
+            return out
+
+    def skip_error(self, subscription: str, seq: int) -> int:
+        def body(cur: psycopg.Cursor[Any]) -> int:
+            level, stored = self._lock_level(cur, subscription)
+            cur.execute(
+                "UPDATE txrepl_errors SET status = 'skipped' WHERE subscription = %s AND seq = %s",
+                (subscription, seq),
+            )
+            if cur.rowcount != 1:
+                raise ApplyError("no stored error", subscription=subscription, seq=seq)
+            if level < seq - 1:
+                raise ApplyError(
+                    f"the level is {level}: entries before {seq} are not applied yet",
+                    subscription=subscription,
+                    seq=seq,
+                )
+            if level == seq - 1:
+                self._set_level(cur, subscription, stored, seq)
+                return seq
+            return level
+
+        with self._lock:
+            level: int = self._run(subscription, seq, body)
+            return level
+
+    def mark_error(self, subscription: str, seq: int, status: str) -> None:
+        def body(cur: psycopg.Cursor[Any]) -> None:
+            cur.execute(
+                "UPDATE txrepl_errors SET status = %s WHERE subscription = %s AND seq = %s",
+                (status, subscription, seq),
+            )
+
+        with self._lock:
+            self._run(subscription, seq, body)
+
+
+def _check_level(
+    subscription: str, incarnation: str, first_seq: int, level: int, stored: str
+) -> None:
+    if first_seq != level + 1:
+        raise GapError(
+            f"batch starts at seq {first_seq} but the target's level is {level}",
+            subscription=subscription,
+            seq=first_seq,
+        )
+    if stored and stored != incarnation:
+        raise GapError(
+            f"incarnation {incarnation!r} differs from the stored {stored!r}",
+            subscription=subscription,
+            seq=first_seq,
+        )
+
+
+def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
+    """INSERT the staged rows into the table, updating the rows whose key exists."""
+    names = [c.name for c in schema.columns]
+    cols = sql.SQL(", ").join(Q(n) for n in names)
+    picks = sql.SQL(", ").join(Q(f"c{i}") for i in range(len(names)))
+    pk = sql.SQL(", ").join(Q(k) for k in schema.primary_key)
+    rest = [n for n in names if n not in schema.primary_key]
+    conflict: sql.Composable
+    if rest:
+        sets = sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(Q(n)) for n in rest)
+        conflict = sql.SQL("DO UPDATE SET {}").format(sets)
+    else:
+        conflict = sql.SQL("DO NOTHING")
+    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
+        Q(schema.table), cols, picks, Q(stage), pk, conflict
+    )
