@@ -21,7 +21,11 @@ import socket
 import struct
 import threading
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 __all__ = ["FaultProxy"]
 
@@ -80,9 +84,8 @@ class FaultProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
-    def _call(self, coro: object, timeout: float = 30.0) -> object:
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
-        return fut.result(timeout)
+    def _call(self, coro: Coroutine[Any, Any, T], timeout: float = 30.0) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     # -- faults -------------------------------------------------------------------------
 
@@ -93,12 +96,12 @@ class FaultProxy:
     def drop(self) -> int:
         """Close every open connection (orderly FIN); returns how many."""
         self.faults["drop"] += 1
-        return int(self._call(self._close_all(rst=False)))  # type: ignore[call-overload]
+        return self._call(self._close_all(rst=False))
 
     def reset(self) -> int:
         """Abort every open connection with a TCP RST; returns how many."""
         self.faults["reset"] += 1
-        return int(self._call(self._close_all(rst=True)))  # type: ignore[call-overload]
+        return self._call(self._close_all(rst=True))
 
     def stall(self, seconds: float) -> None:
         """Stop forwarding in both directions for ``seconds`` (returns at once)."""
