@@ -261,13 +261,15 @@ def generate(rng: random.Random, n: int, incarnation: str, head: int, oversized:
 async def _send(channel: grpc.aio.Channel, case: Case) -> tuple[grpc.StatusCode, str]:
     kind, _, messages, _ = case
     if kind == "publish":
-        call = channel.unary_unary(PUBLISH)(messages[0], timeout=30)
+        unary: Any = channel.unary_unary(PUBLISH)  # identity serializers: raw bytes
+        call = unary(messages[0], timeout=30)
         try:
             await call
         except grpc.aio.AioRpcError as e:
             return e.code(), e.details() or ""
         return grpc.StatusCode.OK, ""
-    stream = channel.stream_stream(SYNC)(timeout=30)
+    bidi: Any = channel.stream_stream(SYNC)
+    stream = bidi(timeout=30)
     try:
         for m in messages:
             await stream.write(m)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,10 @@ from tests.harness import Daemon, Pair, wait_until
 from tests.proxy import FaultProxy
 
 pytestmark = pytest.mark.spark
+
+
+def _moved(pair: Pair, level: int) -> Callable[[], bool]:
+    return lambda: pair.status().level > level
 
 
 def _proxy_run(tmp_path: Path, faults: int, seed: int) -> None:
@@ -45,8 +50,7 @@ def _proxy_run(tmp_path: Path, faults: int, seed: int) -> None:
             writer.check()
             # Only break a live feed: wait for the subscriber to be connected and moving.
             wait_until(lambda: proxy is not None and proxy.connections > 0, 60, "a connection")
-            level = pair.status().level
-            wait_until(lambda lv=level: pair.status().level > lv, 60, "progress through the proxy")
+            wait_until(_moved(pair, pair.status().level), 60, "progress through the proxy")
             time.sleep(rng.uniform(0.0, 1.0))
             kind = rng.choice(["drop", "reset", "stall", "stall_long"])
             if kind == "drop":
