@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["SparkSettings", "create_spark_session"]
+__all__ = ["SparkSettings", "create_spark_session", "ensure_spark_alive", "spark_status"]
 
 _LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
@@ -113,3 +114,47 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level.upper())
     return spark
+
+
+def spark_status(spark: SparkSession) -> str | None:
+    """None when ``spark`` can run a job now, else why not (for logs and error states).
+
+    On a cluster master (not ``local``) a session without any registered executor
+    cannot run a job: Spark would wait for one without a time limit.
+    """
+    try:
+        sc = spark.sparkContext
+        jsc = sc._jsc
+        if jsc is None or jsc.sc().isStopped():
+            return "the SparkContext is stopped"
+        master = str(sc.master)
+        if master.startswith("local"):
+            return None
+        # The map lists the driver's block manager too.
+        executors = int(jsc.sc().getExecutorMemoryStatus().size()) - 1
+        if executors < 1:
+            return f"no Spark executor registered (master {master})"
+    except Exception as e:  # the JVM or its gateway is gone
+        return f"Spark does not answer: {type(e).__name__}: {e}"
+    return None
+
+
+def ensure_spark_alive(spark: SparkSession, settings: SparkSettings) -> SparkSession:
+    """``spark`` if its context still runs, else a new session made from ``settings``.
+
+    A driver's context stops for good when Spark gives up on its master ("All
+    masters are unresponsive") or the master removes the application; every later
+    job then fails.  Callers keep the returned session (and hand it to their
+    appliers).  A session whose executors are merely missing is returned as is:
+    executors come back when workers do.
+    """
+    try:
+        jsc = spark.sparkContext._jsc
+        stopped = jsc is None or bool(jsc.sc().isStopped())
+    except Exception:
+        stopped = True
+    if not stopped:
+        return spark
+    with contextlib.suppress(Exception):
+        spark.stop()
+    return create_spark_session(settings)
