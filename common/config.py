@@ -152,12 +152,21 @@ def _env_value(text: str) -> Any:
         return text
 
 
-def apply_env(data: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+def apply_env(
+    data: dict[str, Any], environ: Mapping[str, str], known: set[str] | None = None
+) -> dict[str, Any]:
+    """Overlay ``TXREPL_*`` variables; with ``known``, only those naming a known key.
+
+    Variables for other purposes (``TXREPL_BENCH_T``, ``TXREPL_ADMIN_TOKEN``) share
+    the prefix, so a variable whose first part names no key of this file is ignored.
+    """
     out = dict(data)
     for name, text in environ.items():
         if not name.startswith("TXREPL_") or name in ("TXREPL_CONFIG",):
             continue
         path = name[len("TXREPL_") :].lower().split("__")
+        if known is not None and path[0] not in known:
+            continue
         if len(path) == 1:
             out[path[0]] = _env_value(text)
         elif len(path) == 2:
@@ -181,7 +190,9 @@ def load_toml(cls: type[T], path: str | Path, environ: Mapping[str, str] | None 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(source, "", f"not valid TOML: {e}") from None
-    data = apply_env(data, os.environ if environ is None else environ)
+    assert dataclasses.is_dataclass(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    data = apply_env(data, os.environ if environ is None else environ, known)
     # Relative paths in a config file are relative to the file.
     return from_mapping(cls, _with_base(data, p.parent.resolve()), source=source)
 

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 import grpc
 
-__all__ = ["PermanentError", "TransientError", "TxreplError", "describe_rpc_error", "is_transient"]
+__all__ = [
+    "MAX_NAME",
+    "PermanentError",
+    "TransientError",
+    "TxreplError",
+    "describe_rpc_error",
+    "is_transient",
+    "overlong",
+]
 
 
 class TxreplError(Exception):
@@ -35,6 +43,20 @@ _TRANSIENT = {
     grpc.StatusCode.INTERNAL,
     grpc.StatusCode.UNKNOWN,
 }
+
+
+MAX_NAME = 256
+
+
+def overlong(**fields: str) -> str:
+    """'' when every name is short enough; else a message naming the first long one.
+
+    Refusals quote the names a client sent; a huge name would not fit in the status.
+    """
+    for field, value in fields.items():
+        if len(value) > MAX_NAME:
+            return f"{field} is {len(value)} characters long; at most {MAX_NAME}"
+    return ""
 
 
 def is_transient(code: grpc.StatusCode | None) -> bool:

@@ -8,10 +8,12 @@ A second SIGTERM/SIGINT during the drain forces exit (status 1).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -41,7 +43,8 @@ class GrpcEndpoint:
     ) -> None:
         self.listen = listen
         self.server = grpc.aio.server(
-            interceptors=list(interceptors),
+            # Malformed requests first: they get INVALID_ARGUMENT before anything else runs.
+            interceptors=[MalformedRequestInterceptor(), *interceptors],
             options=[
                 ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                 ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -89,6 +92,101 @@ class GrpcEndpoint:
 
     async def stop(self, grace: float = 5.0) -> None:
         await self.server.stop(grace)
+
+
+class _Malformed:
+    """Stands in for a request that did not parse."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if deserialize is None:
+        return None
+
+    def parse(data: bytes) -> Any:
+        try:
+            return deserialize(data)
+        except Exception as e:  # protobuf DecodeError and friends
+            return _Malformed(e)
+
+    return parse
+
+
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], bad: _Malformed) -> None:
+    await context.abort(
+        grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {bad.error}"[:1000]
+    )
+
+
+class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
+    """Requests that do not parse end with INVALID_ARGUMENT naming the problem.
+
+    Without this, grpc answers UNKNOWN "Unexpected <class DecodeError>", which tells a
+    client nothing it can act on.
+    """
+
+    async def intercept_service(
+        self,
+        continuation: Callable[
+            [grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler[Any, Any] | None]
+        ],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler[Any, Any] | None:
+        handler = await continuation(details)
+        if handler is None:
+            return handler
+        parse = _safe(handler.request_deserializer)
+        ser = handler.response_serializer
+        if handler.unary_unary is not None:
+            inner_uu: Any = handler.unary_unary
+
+            async def uu(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, _Malformed):
+                    await _refuse(context, request)
+                return await inner_uu(request, context)
+
+            return grpc.unary_unary_rpc_method_handler(uu, parse, ser)
+        if handler.unary_stream is not None:
+            inner_us: Any = handler.unary_stream
+            if not inspect.isasyncgenfunction(inner_us):
+                return handler  # written with context.write: leave it as it is
+
+            async def us(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                if isinstance(request, _Malformed):
+                    await _refuse(context, request)
+                async for item in inner_us(request, context):
+                    yield item
+
+            return grpc.unary_stream_rpc_method_handler(us, parse, ser)
+        if handler.stream_stream is not None:
+            inner_ss: Any = handler.stream_stream
+
+            def checked(
+                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
+            ) -> AsyncIterator[Any]:
+                async def gen() -> AsyncIterator[Any]:
+                    async for r in requests:
+                        if isinstance(r, _Malformed):
+                            await _refuse(context, r)
+                        yield r
+
+                return gen()
+
+            if inspect.isasyncgenfunction(inner_ss):
+
+                async def ss_gen(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                    async for item in inner_ss(checked(requests, context), context):
+                        yield item
+
+                return grpc.stream_stream_rpc_method_handler(ss_gen, parse, ser)
+
+            async def ss(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+                return await inner_ss(checked(requests, context), context)
+
+            return grpc.stream_stream_rpc_method_handler(ss, parse, ser)
+        return handler
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -54,6 +54,7 @@ from typing import Any
 import grpc
 import structlog
 
+from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from publisher.errors import FeedRefused
 from publisher.log import PurgedError
@@ -171,6 +172,14 @@ class FeedManager:
                 grpc.StatusCode.INVALID_ARGUMENT, "the first message of Sync must be a Hello"
             )
         hello = msg.hello
+        problem = overlong(
+            subscriber=hello.subscriber,
+            publisher=hello.publisher,
+            publication=hello.publication,
+            incarnation=hello.incarnation,
+        )
+        if problem:
+            raise FeedRefused(grpc.StatusCode.INVALID_ARGUMENT, f"Hello: {problem}")
         if not hello.subscriber or not hello.publication:
             raise FeedRefused(
                 grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a subscriber name and a publication"
@@ -213,6 +222,19 @@ class FeedManager:
                 grpc.StatusCode.OUT_OF_RANGE,
                 f"subscriber level {hello.level} is ahead of publication {pub.name!r} head "
                 f"{head}: the publisher lost entries or was restored; refusing to go back",
+            )
+        if (
+            hello.level == 0
+            and not hello.incarnation
+            and plog.first_seq > 1
+            and await asyncio.to_thread(self.registry.get, pub.name, hello.subscriber) is None
+        ):
+            # A new subscriber after a purge: nothing to invalidate, it needs a snapshot.
+            raise FeedRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"snapshot required: entries 1..{plog.first_seq - 1} of {pub.name!r} were "
+                'purged; start this subscriber from a snapshot (initial = "auto" or '
+                "\"snapshot\", or 'txrepl subscriber reinit')",
             )
         reg = await asyncio.to_thread(
             self.registry.ensure, pub.name, hello.subscriber, plog.incarnation, hello.level

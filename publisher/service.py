@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Mapping
 import grpc
 import structlog
 
+from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from publisher.feed import FeedManager
@@ -39,6 +40,9 @@ class ReplicationService(rpc.ReplicationServicer):
         request: pb.SnapshotRequest,
         context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
     ) -> AsyncIterator[pb.SnapshotChunk]:
+        problem = overlong(publication=request.publication)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         pub = self.publications.get(request.publication)
         if pub is None:
             known = ", ".join(sorted(self.publications)) or "none"
@@ -76,6 +80,9 @@ class ReplicationService(rpc.ReplicationServicer):
         request: pb.PublishRequest,
         context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishResponse],
     ) -> pb.PublishResponse:
+        problem = overlong(publication=request.publication)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         pub = self.publications.get(request.publication)
         if pub is None:
             known = ", ".join(sorted(self.publications)) or "none"
@@ -183,6 +190,9 @@ class AdminService(rpc.AdminServicer):
         request: pb.ListSubscribersRequest,
         context: grpc.aio.ServicerContext[pb.ListSubscribersRequest, pb.ListSubscribersResponse],
     ) -> pb.ListSubscribersResponse:
+        problem = overlong(publication=request.publication)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if request.publication and request.publication not in self.publications:
             await context.abort(
                 grpc.StatusCode.NOT_FOUND, f"publication {request.publication!r} not found"
@@ -198,6 +208,9 @@ class AdminService(rpc.AdminServicer):
         request: pb.MarkValidRequest,
         context: grpc.aio.ServicerContext[pb.MarkValidRequest, pb.MarkValidResponse],
     ) -> pb.MarkValidResponse:
+        problem = overlong(publication=request.publication, subscriber=request.subscriber)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         pub = self.publications.get(request.publication)
         if pub is None:
             await context.abort(

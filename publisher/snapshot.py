@@ -53,7 +53,10 @@ class SnapshotSource:
         """Yield SnapshotStart, SnapshotRows..., SnapshotEnd (blocking; run in a thread)."""
         chunk_rows = min(MAX_CHUNK_ROWS, chunk_rows or DEFAULT_CHUNK_ROWS)
         started = time.monotonic()
-        conn = sqlite3.connect(str(self.capture.path), isolation_level=None, timeout=30)
+        # Consumed chunk by chunk from worker threads, one at a time: never concurrently.
+        conn = sqlite3.connect(
+            str(self.capture.path), isolation_level=None, timeout=30, check_same_thread=False
+        )
         try:
             seq, schemas, counts = self._pin(conn, pub)
             start = pb.SnapshotChunk()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import sys
 from typing import Any
 
@@ -24,6 +25,7 @@ def register(sub: Any) -> None:
     check = psub.add_parser("check", help="validate a subscriber config without starting")
     check.add_argument("--config", required=True)
     check.set_defaults(func=_check)
+    register_reinit(psub)
     for action, helptext in (
         ("status", "show each subscription's state, level and lag"),
         ("pause", "pause a subscription (or all)"),
@@ -89,4 +91,112 @@ def _control(args: argparse.Namespace) -> int:
             f"{s.name:<24} {s.state:<12} {s.level:>10} {s.head:>10} "
             f"{max(0, s.head - s.level):>8}  {since} {s.last_error}"
         )
+    return 0
+
+
+def register_reinit(psub: Any) -> None:
+    r = psub.add_parser(
+        "reinit",
+        help="re-initialise a subscription from a publisher snapshot, then mark it valid",
+    )
+    r.add_argument("subscription", help="subscription name (default name: PUBLISHER.PUBLICATION)")
+    r.add_argument("--config", required=True, help="the subscriber's TOML file")
+    r.add_argument("--no-mark-valid", action="store_true", help="leave the validity alone")
+    r.add_argument(
+        "--admin-token",
+        default=os.environ.get("TXREPL_ADMIN_TOKEN", ""),
+        help="admin credential for mark-valid (default: $TXREPL_ADMIN_TOKEN)",
+    )
+    r.set_defaults(func=_reinit)
+
+
+def _reinit(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+    from common.rpc import txrepl_pb2_grpc as rpc
+    from subscriber.apply import SparkSettings, create_spark_session
+    from subscriber.config import load_config
+    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot
+
+    cfg = load_config(args.config)
+    sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
+    if sc is None:
+        known = ", ".join(s.id for s in cfg.subscription) or "none"
+        print(
+            f"txrepl: no subscription {args.subscription!r} in {args.config} (known: {known})",
+            file=sys.stderr,
+        )
+        return 2
+    if not cfg.target.startswith("sqlite:///"):
+        print("txrepl: reinit supports SQLite targets in this version", file=sys.stderr)
+        return 2
+    # The running daemon writes the address it bound (port 0 works) into its data dir.
+    addr_file = cfg.data_path / "subscriber.addr"
+    control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
+    control = rpc.SubscriberControlStub(grpc.insecure_channel(control_addr))
+    daemon_running = True
+    try:
+        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        print(f"paused {sc.id} on the running subscriber ({control_addr})")
+    except grpc.RpcError:
+        daemon_running = False
+    s = cfg.spark
+    spark = create_spark_session(
+        SparkSettings(
+            master=s.master,
+            conf=dict(s.conf),
+            jars=tuple(s.jars),
+            shuffle_partitions=s.shuffle_partitions,
+            log_level=s.log_level,
+        )
+    )
+
+    def progress(p: SnapshotProgress) -> None:
+        total = max(1, p.rows_expected)
+        width = 30
+        done = int(width * p.rows_loaded / total)
+        eta = f"{p.eta_s:.0f}s" if p.eta_s is not None else "?"
+        print(
+            f"\r[{'#' * done}{'.' * (width - done)}] {p.rows_loaded}/{p.rows_expected} rows "
+            f"{p.rate:,.0f} rows/s ETA {eta}   ",
+            end="",
+            flush=True,
+        )
+
+    token = sc.token
+    try:
+        incarnation, seq = load_snapshot(
+            address=sc.address,
+            publisher=sc.publisher,
+            publication=sc.publication,
+            subscriber=cfg.server_name,
+            subscription=sc.id,
+            target=cfg.sqlite_target_path,
+            spark=spark,
+            metadata=(("x-txrepl-token", token),) if token else None,
+            on_progress=progress,
+        )
+    except SnapshotError as e:
+        print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")
+    if not args.no_mark_valid:
+        admin = rpc.AdminStub(grpc.insecure_channel(sc.address))
+        md = (("x-txrepl-token", args.admin_token),) if args.admin_token else None
+        try:
+            admin.MarkValid(
+                pb.MarkValidRequest(
+                    publication=sc.publication, subscriber=cfg.server_name, level=seq
+                ),
+                timeout=10,
+                metadata=md,
+            )
+        except grpc.RpcError as e:
+            print(f"txrepl: mark-valid failed: {describe_rpc_error(e)}", file=sys.stderr)
+            return 1
+        print(f"marked {cfg.server_name} valid on {sc.publisher} at level {seq}")
+    if daemon_running:
+        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        print(f"resumed {sc.id}")
     return 0

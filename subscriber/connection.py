@@ -67,6 +67,10 @@ class InvalidSubscriber(Exception):
     """The publisher marked us invalid."""
 
 
+class SnapshotRequired(Exception):
+    """The publisher no longer has seq 1 for this new subscriber."""
+
+
 class Interrupted(Exception):
     """An operator paused, asked to reconnect, or the daemon is stopping."""
 
@@ -90,6 +94,7 @@ class SubscriptionRunner:
         backoff: BackoffConfig,
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
         clock: Clock | None = None,
+        snapshot: Callable[[], tuple[str, int]] | None = None,
     ) -> None:
         self.config = config
         self.name = config.id
@@ -123,6 +128,7 @@ class SubscriptionRunner:
         self._interrupted = asyncio.Event()
         self._in_sync_head: int | None = None
         self.clock: Clock = clock or SystemClock()
+        self.snapshot = snapshot  # loads a snapshot into the target: (incarnation, seq)
         self.schedule = config.schedule
         self.last_run_start: float | None = None
         self.next_run: float | None = None
@@ -189,7 +195,11 @@ class SubscriptionRunner:
         finally:
             intr.cancel()
         if read in done:
-            msg = read.result()
+            try:
+                msg = read.result()
+            except grpc.aio.AioRpcError as e:
+                self._classify(e.code(), e.details() or "")
+                raise
             if msg is grpc.aio.EOF:
                 return None
             assert isinstance(msg, pb.PublisherMessage)
@@ -241,6 +251,20 @@ class SubscriptionRunner:
                     continue
                 if not self._stop.is_set() and not self._paused:
                     self._set("disconnected", "stream ended")
+            except SnapshotRequired as e:
+                if self.snapshot is None or self.config.initial == "log":
+                    self.last_error = f"{e}; this target cannot load snapshots"
+                    self._set("error", self.last_error)
+                    await self._sleep(3600)
+                    continue
+                try:
+                    await self._load_snapshot(str(e))
+                except Exception as err:
+                    self.last_error = f"snapshot failed: {err}"
+                    self._set("disconnected", self.last_error)
+                    failures += 1
+                    await self._sleep(self.backoff.delay(failures, random.random()))
+                continue
             except Interrupted:
                 if not self._paused and not self._stop.is_set():
                     self._set("disconnected", "reconnect requested")
@@ -290,9 +314,22 @@ class SubscriptionRunner:
             await self._sleep(delay)
         self._set("disconnected", "stopped")
 
+    async def _load_snapshot(self, reason: str) -> None:
+        assert self.snapshot is not None
+        self._set("syncing", f"loading a snapshot ({reason})")
+        incarnation, seq = await asyncio.to_thread(self.snapshot)
+        self.applier.load_state()
+        self.level, self.incarnation = seq, incarnation
+        log.info("snapshot loaded", subscription=self.name, level=seq)
+
     async def _session(self) -> bool:
         """One connection; returns True if anything was applied."""
         progressed = False
+        # The target is the truth: an operator's reinit may have moved the level.
+        st = await asyncio.to_thread(self.applier.load_state)
+        self.level, self.incarnation = st.level, st.incarnation
+        if self.level == 0 and not self.incarnation and self.config.initial == "snapshot":
+            raise SnapshotRequired('initial = "snapshot"')
         async with self.channel_factory(self.config.address) as channel:
             stub = rpc.ReplicationStub(channel)
             metadata = (("x-txrepl-token", self.config.token),) if self.config.token else None
@@ -356,14 +393,19 @@ class SubscriptionRunner:
     async def _raise_status(
         self, call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage]
     ) -> None:
-        code = await call.code()
-        details = await call.details() or ""
+        self._classify(await call.code(), await call.details() or "")
+
+    @staticmethod
+    def _classify(code: grpc.StatusCode, details: str) -> None:
+        """Raise what a stream ended with ``code`` means for this subscription."""
         if code == grpc.StatusCode.OK:
             return
         if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
             "subscriber is invalid"
         ):
             raise InvalidSubscriber(details)
+        if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith("snapshot required"):
+            raise SnapshotRequired(details)
         if code in (
             grpc.StatusCode.FAILED_PRECONDITION,
             grpc.StatusCode.OUT_OF_RANGE,

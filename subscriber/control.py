@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import grpc
 
+from common.errors import MAX_NAME
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from subscriber.connection import SubscriptionRunner
@@ -34,6 +35,8 @@ class ControlService(rpc.SubscriberControlServicer):
     ) -> list[SubscriptionRunner]:
         if not request.subscription:
             return list(self.runners.values())
+        if len(request.subscription) > MAX_NAME:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "subscription name too long")
         runner = self.runners.get(request.subscription)
         if runner is None:
             known = ", ".join(sorted(self.runners)) or "none"

@@ -256,6 +256,12 @@ class Pair:
         assert self.pub is not None
         return publication_head(self.pub.address, self.publication)
 
+    def status_publications(self) -> dict[str, pb.PublicationInfo]:
+        assert self.pub is not None
+        with grpc.insecure_channel(self.pub.address) as ch:
+            resp = rpc.AdminStub(ch).ListPublications(pb.ListPublicationsRequest(), timeout=10)
+        return {p.name: p for p in resp.publications}
+
     def status(self) -> pb.SubscriptionStatus:
         assert self.sub is not None
         (st,) = subscription_status(self.sub.address)

@@ -244,6 +244,7 @@ async def test_twenty_subscribers_in_sync_converge(pub: Pub) -> None:
         for rows in (got["ledger"], expected["ledger"]):
             rows[:] = [(r[0], r[1], f"{float(str(r[2])):.2f}", r[3]) for r in rows]
         assert got == expected, s.name
+
     # The registry records each feed's acked level (asynchronously, shortly after the ack).
     async def recorded() -> None:
         while not all(i.level == head for i in pub.subscribers().values()):
@@ -253,3 +254,33 @@ async def test_twenty_subscribers_in_sync_converge(pub: Pub) -> None:
     assert len(pub.subscribers()) == 20
     for s in subs:
         await s.close()
+
+
+async def test_malformed_and_oversized_requests_get_invalid_argument(pub: Pub) -> None:
+    """Bytes that do not parse, and absurdly long names: INVALID_ARGUMENT, nothing changes."""
+    head = pub.head()
+    async with grpc.aio.insecure_channel(pub.address) as ch:
+        ident = lambda b: b  # noqa: E731 - raw bytes through, both ways
+        sync = ch.stream_stream(
+            "/txrepl.v1.Replication/Sync", request_serializer=ident, response_deserializer=ident
+        )
+        call = sync()
+        await call.write(b"\xff\xff\xff\xff garbage")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "malformed request message" in (err.value.details() or "")
+        publish = ch.unary_unary(
+            "/txrepl.v1.Replication/Publish", request_serializer=ident, response_deserializer=ident
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await publish(b"\x0a\xff\xff\xff\xff\x0f")
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    long_name = RawSubscriber(pub.address, "x", publication="p" * 10_000)
+    await long_name.start()
+    code, details = await long_name.wait_ended()
+    await long_name.close()
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "10000 characters long" in details
+    assert pub.head() == head
+    assert pub.subscribers() == {}

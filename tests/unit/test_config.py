@@ -134,3 +134,16 @@ def test_example_configs_are_valid() -> None:
     sub = load_subscriber(root / "subscriber.toml")
     assert pub.publication[0].tables == ["accounts", "orders"]
     assert sub.subscription[0].publication == "shop"
+
+
+def test_unrelated_txrepl_variables_are_ignored(tmp_path: Path) -> None:
+    """TXREPL_BENCH_T and friends share the prefix but name no key: they are not overrides."""
+    from common.config import load_toml
+    from subscriber.config import SubscriberConfig
+
+    cfg = load_toml(
+        SubscriberConfig,
+        _write(tmp_path, SUB),
+        environ={"TXREPL_BENCH_T": "1000", "TXREPL_ADMIN_TOKEN": "x", "TXREPL_SERVER_NAME": "s9"},
+    )
+    assert cfg.server_name == "s9"

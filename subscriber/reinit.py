@@ -1,0 +1,254 @@
+"""Re-initialise a subscription from a publisher snapshot (SQLite targets).
+
+Atomicity argument:
+
+1. The snapshot (publisher/snapshot.py) is the content of every published table
+   as of exactly one seq S.
+2. It is loaded into shadow tables ``txrepl_shadow__<table>`` on the target, in
+   chunks, through Spark.  Readers see the old tables meanwhile; a kill at any
+   point leaves them intact (the shadows are dropped and rebuilt by the next run).
+3. One target transaction then drops each old table, renames its shadow into
+   place, replaces the subscription's recorded schemas and sets its level to S
+   with the snapshot's incarnation.  Readers see the old state or the new one,
+   never a half-loaded table; the level and the rows move together.
+
+The subscriber then resumes from S + 1.  Per-table transforms are not applied to
+snapshots yet.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import sqlite3
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import structlog
+
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from common.values import decode
+from subscriber.apply.sqlite import SqliteWriter, quote, sqlite_value
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SnapshotProgress", "load_snapshot"]
+
+log = structlog.get_logger(__name__)
+
+SHADOW_PREFIX = "txrepl_shadow__"
+FLUSH_ROWS = 50_000
+
+# Declared SQLite types per logical type: the same affinities the apply writer uses.
+_DECLARED = {
+    pb.COLUMN_TYPE_INTEGER: "INTEGER",
+    pb.COLUMN_TYPE_FLOAT: "REAL",
+    pb.COLUMN_TYPE_BYTES: "BLOB",
+    pb.COLUMN_TYPE_BOOLEAN: "INTEGER",
+}
+
+
+class SnapshotError(Exception):
+    """The snapshot could not be loaded; the target is unchanged."""
+
+
+@dataclass
+class SnapshotProgress:
+    seq: int = 0
+    rows_expected: int = 0
+    rows_loaded: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def rate(self) -> float:
+        elapsed = time.monotonic() - self.started
+        return self.rows_loaded / elapsed if elapsed > 0 else 0.0
+
+    @property
+    def eta_s(self) -> float | None:
+        rate = self.rate
+        if not rate:
+            return None
+        return max(0.0, (self.rows_expected - self.rows_loaded) / rate)
+
+
+def _ddl(name: str, schema: pb.TableSchema) -> str:
+    cols = []
+    for c in schema.columns:
+        decl = _DECLARED.get(c.type, "TEXT" if c.type else "")
+        null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
+        cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
+    pk = ", ".join(quote(k) for k in schema.primary_key)
+    return f"CREATE TABLE {quote(name)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+
+
+def _through_spark(
+    spark: SparkSession, rows: list[tuple[object, ...]], n: int
+) -> list[tuple[object, ...]]:
+    """Hand a chunk to Spark as Arrow and take it back (the hook for transforms)."""
+    import pyarrow as pa
+
+    names = [f"c{i}" for i in range(n)]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in range(n)]
+    table = pa.table({name: pa.array(list(col)) for name, col in zip(names, columns, strict=True)})
+    back = spark.createDataFrame(table).toArrow()
+    return list(zip(*(back.column(i).to_pylist() for i in range(n)), strict=True))
+
+
+def _pass(spark: SparkSession, rows: list[tuple[object, ...]], n: int) -> list[tuple[object, ...]]:
+    import pyarrow as pa
+
+    try:
+        return _through_spark(spark, rows, n)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # A column whose values have mixed types (SQLite's dynamic typing): Arrow wants
+        # one type per column, so this chunk is written as it came.
+        return rows
+
+
+def load_snapshot(
+    *,
+    address: str,
+    publisher: str,
+    publication: str,
+    subscriber: str,
+    subscription: str,
+    target: Path,
+    spark: SparkSession,
+    channel: grpc.Channel | None = None,
+    metadata: tuple[tuple[str, str], ...] | None = None,
+    on_progress: Callable[[SnapshotProgress], None] | None = None,
+    chunk_rows: int = 5000,
+) -> tuple[str, int]:
+    """Load the publication's snapshot into ``target``; returns (incarnation, seq)."""
+    SqliteWriter(target).close()  # creates the metadata tables if missing
+    own = channel is None
+    ch = channel or grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    )
+    conn = sqlite3.connect(str(target), isolation_level=None, timeout=60)
+    progress = SnapshotProgress()
+    try:
+        stream: Any = rpc.ReplicationStub(ch).Snapshot(
+            pb.SnapshotRequest(
+                subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
+            ),
+            metadata=metadata,
+        )
+        start: pb.SnapshotStart | None = None
+        schemas: dict[str, pb.TableSchema] = {}
+        buffers: dict[str, list[tuple[object, ...]]] = {}
+        loaded: dict[str, int] = {}
+
+        def flush(table: str) -> None:
+            rows = buffers[table]
+            if not rows:
+                return
+            n = len(schemas[table].columns)
+            rows = _pass(spark, rows, n)
+            marks = ", ".join("?" * n)
+            conn.execute("BEGIN")
+            conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
+            conn.execute("COMMIT")
+            loaded[table] += len(rows)
+            progress.rows_loaded += len(rows)
+            buffers[table] = []
+            if on_progress is not None:
+                on_progress(progress)
+
+        for chunk in stream:
+            kind = chunk.WhichOneof("kind")
+            if kind == "start":
+                start = chunk.start
+                if start.publisher != publisher:
+                    raise SnapshotError(
+                        f"snapshot came from publisher {start.publisher!r}, expected {publisher!r}"
+                    )
+                progress.seq = start.seq
+                for t in start.tables:
+                    schemas[t.schema.table] = t.schema
+                    buffers[t.schema.table] = []
+                    loaded[t.schema.table] = 0
+                    progress.rows_expected += t.expected_rows
+                    shadow = SHADOW_PREFIX + t.schema.table
+                    conn.execute(f"DROP TABLE IF EXISTS {quote(shadow)}")
+                    conn.execute(_ddl(shadow, t.schema))
+                log.info(
+                    "snapshot started",
+                    publication=publication,
+                    seq=start.seq,
+                    tables=len(schemas),
+                    rows=progress.rows_expected,
+                )
+            elif kind == "rows":
+                table = chunk.rows.table
+                if start is None or table not in schemas:
+                    raise SnapshotError(f"snapshot rows for unknown table {table!r}")
+                buffers[table].extend(
+                    tuple(sqlite_value(decode(v)) for v in r.values) for r in chunk.rows.rows
+                )
+                if len(buffers[table]) >= FLUSH_ROWS:
+                    flush(table)
+            elif kind == "end":
+                if start is None:
+                    raise SnapshotError("snapshot ended before it started")
+                for table in schemas:
+                    flush(table)
+                expected = {t.schema.table: t.expected_rows for t in start.tables}
+                if loaded != expected:
+                    raise SnapshotError(
+                        f"snapshot incomplete: loaded {loaded}, expected {expected}"
+                    )
+                _swap(conn, subscription, start, schemas)
+                log.info(
+                    "snapshot loaded",
+                    publication=publication,
+                    seq=start.seq,
+                    rows=progress.rows_loaded,
+                    seconds=round(time.monotonic() - progress.started, 2),
+                )
+                return start.incarnation, start.seq
+        raise SnapshotError("the snapshot stream ended without its end marker")
+    except grpc.RpcError as e:
+        raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
+    finally:
+        conn.close()
+        if own:
+            ch.close()
+
+
+def _swap(
+    conn: sqlite3.Connection,
+    subscription: str,
+    start: pb.SnapshotStart,
+    schemas: dict[str, pb.TableSchema],
+) -> None:
+    """Step 3 of the module docstring: one transaction swaps tables, schemas and level."""
+    now = dt.datetime.now(dt.UTC).isoformat()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        for table in schemas:
+            conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
+            conn.execute(f"ALTER TABLE {quote(SHADOW_PREFIX + table)} RENAME TO {quote(table)}")
+        conn.execute("DELETE FROM txrepl_schemas WHERE subscription = ?", (subscription,))
+        conn.executemany(
+            "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
+            " VALUES (?, ?, ?, ?)",
+            [(subscription, t, s.SerializeToString(), now) for t, s in schemas.items()],
+        )
+        conn.execute(
+            "INSERT INTO txrepl_subscriptions (subscription, incarnation, level, updated_at)"
+            " VALUES (?, ?, ?, ?) ON CONFLICT (subscription) DO UPDATE SET"
+            " incarnation = excluded.incarnation, level = excluded.level,"
+            " updated_at = excluded.updated_at",
+            (subscription, start.incarnation, start.seq, now),
+        )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
