@@ -3,7 +3,8 @@
 An *event* is one upsert or one delete of one primary key.  An event table has the
 columns ``_seq`` (int64), ``_pos`` (int64, the event's position in the batch,
 increasing in op order), ``_del`` (bool), then one column per schema column named
-as described in :mod:`subscriber.apply.writer`.  A delete event fills only the key
+as described in :mod:`subscriber.apply.writer`, then ``_op`` (int8, the RowOp the
+event came from; history mode records it).  A delete event fills only the key
 columns.
 """
 
@@ -19,11 +20,11 @@ from common import values
 from common.rpc import txrepl_pb2 as pb
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 T = pb.ColumnType
 
-__all__ = ["EventBuffer", "net_effect"]
+__all__ = ["EventBuffer", "net_effect", "net_effect_df"]
 
 
 class _Mismatch(Exception):
@@ -179,17 +180,21 @@ class EventBuffer:
     positions: list[int] = field(default_factory=list)
     deletes: list[bool] = field(default_factory=list)
     rows: list[Sequence[pb.Value | None]] = field(default_factory=list)
+    ops: list[int] = field(default_factory=list)  # the RowOp each event came from
     key_index: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.schema.columns]
         self.key_index = [names.index(k) for k in self.schema.primary_key]
 
-    def add(self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value | None]) -> None:
+    def add(
+        self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value | None], op: int = 0
+    ) -> None:
         self.seqs.append(seq)
         self.positions.append(pos)
         self.deletes.append(delete)
         self.rows.append(row)
+        self.ops.append(op)
 
     def to_arrow(self) -> pa.Table:
         arrays: list[pa.Array] = [
@@ -202,16 +207,22 @@ class EventBuffer:
             name, arr = _column(i, col, [r[i] for r in self.rows])
             names.append(name)
             arrays.append(arr)
+        # Last, so that schema column i stays at position 3 + i.
+        names.append("_op")
+        arrays.append(pa.array(self.ops, type=pa.int8()))
         return pa.Table.from_arrays(arrays, names=names)
+
+
+def net_effect_df(df: DataFrame, key_columns: Sequence[str]) -> DataFrame:
+    """Keep, per primary key, only the last event in (_seq, _pos) order (lazy)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = Window.partitionBy(*key_columns).orderBy(F.col("_seq").desc(), F.col("_pos").desc())
+    return df.withColumn("_rn", F.row_number().over(order)).where(F.col("_rn") == 1).drop("_rn")
 
 
 def net_effect(spark: SparkSession, events: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     """Keep, per primary key, only the last event in (_seq, _pos) order (Spark job)."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    df = spark.createDataFrame(events)
-    order = Window.partitionBy(*key_columns).orderBy(F.col("_seq").desc(), F.col("_pos").desc())
-    last = df.withColumn("_rn", F.row_number().over(order)).where(F.col("_rn") == 1).drop("_rn")
-    out: pa.Table = last.toArrow()
+    out: pa.Table = net_effect_df(spark.createDataFrame(events), key_columns).toArrow()
     return out

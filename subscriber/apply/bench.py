@@ -1,21 +1,38 @@
-"""Measure apply latency and throughput into SQLite: ``python -m subscriber.apply.bench``.
+"""Measure apply latency and throughput: ``python -m subscriber.apply.bench``.
 
 Not a test.  Prints the median and p90 wall time of ``Applier.apply`` for small
 batches and the throughput of large ones (row changes per second, end to end:
-Arrow encoding, Spark net effect, ``toArrow()``, SQLite transaction).
+Arrow encoding, Spark net effect, ``toArrow()``, target transaction), with the CPU
+seconds spent by this process, the Spark JVM and (PostgreSQL on this host) the
+server -- on a shared machine CPU per row is steadier than wall time.
+
+    python -m subscriber.apply.bench                       # SQLite in a temp dir
+    python -m subscriber.apply.bench --target postgresql   # a private PostgreSQL 15
+    python -m subscriber.apply.bench --target postgresql --dsn postgresql://u@h:p/db
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier, SparkSettings, SqliteWriter, create_spark_session
+from subscriber.apply import (
+    Applier,
+    PostgresWriter,
+    SparkSettings,
+    SqliteWriter,
+    Writer,
+    create_spark_session,
+)
 
 T = pb.ColumnType
 SCHEMA = pb.TableSchema(
@@ -48,14 +65,57 @@ def _entry(seq: int, rows: int, keys: int) -> pb.Entry:
     return pb.Entry(commit_time_us=seq, ops=ops)
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, in seconds (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _backend_cpu_s(writer: Writer) -> float:
+    """CPU time of the PostgreSQL backend serving the writer (0 for other targets)."""
+    if isinstance(writer, PostgresWriter) and writer.backend_pid:
+        return _cpu_s(writer.backend_pid)
+    return 0.0
+
+
+@contextlib.contextmanager
+def _target(kind: str, dsn: str) -> Iterator[Writer]:
+    if kind == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            writer: Writer = SqliteWriter(Path(tmp) / "bench.db")
+            yield writer
+            writer.close()
+        return
+    if dsn:
+        writer = PostgresWriter(dsn)
+        yield writer
+        writer.close()
+        return
+    from tests.fixtures.postgres import start_pg_instance  # a dev checkout only
+
+    # Durable settings, as a real target would run (the test defaults turn fsync off).
+    with start_pg_instance(fsync="on", synchronous_commit="on", shared_buffers="'256MB'") as pg:
+        writer = PostgresWriter(pg.create_database("bench"))
+        yield writer
+        writer.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--large", type=int, nargs="*", default=[10_000, 100_000])
+    ap.add_argument("--target", choices=["sqlite", "postgresql"], default="sqlite")
+    ap.add_argument("--dsn", default="", help="PostgreSQL target (default: a private instance)")
     args = ap.parse_args()
     spark = create_spark_session(SparkSettings())
-    with tempfile.TemporaryDirectory() as tmp:
-        applier = Applier(spark, SqliteWriter(Path(tmp) / "bench.db"), "bench")
+    jvm: Any = spark._jvm  # the JVM's pid, for its CPU time
+    jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
+    with _target(args.target, args.dsn) as writer:
+        applier = Applier(spark, writer, "bench")
         level = applier.apply(1, [pb.Entry(ops=[pb.Op(schema=SCHEMA)])], incarnation="b").level
         for _ in range(3):  # warm up the JVM and Python workers
             level = applier.apply(level + 1, [_entry(level + 1, 5, 1000)], incarnation="b").level
@@ -75,13 +135,18 @@ def main() -> None:
         for total in args.large:
             per = 100
             batch = [_entry(level + 1 + i, per, total) for i in range(total // per)]
-            t0 = time.perf_counter()
+            g0 = _backend_cpu_s(writer)
+            t0, p0, j0 = time.perf_counter(), time.process_time(), _cpu_s(jvm_pid)
             res = applier.apply(level + 1, batch, incarnation="b")
             level = res.level
             dt = time.perf_counter() - t0
+            py, jv = time.process_time() - p0, _cpu_s(jvm_pid) - j0
+            pg = _backend_cpu_s(writer) - g0
             print(
                 f"large: {res.rows} row changes ({res.entries} entries, {res.written} net rows): "
-                f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s"
+                f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s; CPU s: python {py:.2f}, "
+                f"jvm {jv:.2f}, postgres backend {pg:.2f} "
+                f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
             )
     spark.stop()
 

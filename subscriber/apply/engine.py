@@ -55,10 +55,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._events import EventBuffer, net_effect
+from subscriber.apply._events import EventBuffer, net_effect, net_effect_df
+from subscriber.apply._shape import history_versions, shaped_rows, target_schema
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -69,6 +71,7 @@ from subscriber.apply.errors import (
 from subscriber.apply.options import ApplyOptions
 from subscriber.apply.writer import (
     CallStep,
+    HistoryStep,
     RowsStep,
     SchemaStep,
     SqlStep,
@@ -83,7 +86,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Applier", "ApplyResult"]
 
-R = pb.RowOp
+# Plain ints: attribute access on a protobuf enum wrapper costs ~1 us each, per row.
+_INSERT = int(pb.ROW_OP_INSERT)
+_UPDATE = int(pb.ROW_OP_UPDATE)
+_DELETE = int(pb.ROW_OP_DELETE)
+_TRUNCATE = int(pb.ROW_OP_TRUNCATE)
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,7 @@ class Applier:
         self.subscription = subscription
         self._state: SubscriptionState | None = None
         self._sleep = sleep
+        self._shapes: dict[tuple[str, bytes], tuple[pb.TableSchema, list[tuple[str, str]]]] = {}
         self.options = ApplyOptions()
         self.configure(options or ApplyOptions())
 
@@ -129,6 +137,7 @@ class Applier:
         if not isinstance(options, ApplyOptions):
             options = ApplyOptions.from_config(options)
         self.options = options
+        self._shapes.clear()
 
     def load_state(self) -> SubscriptionState:
         """Read the subscription's level, incarnation and schemas from the target."""
@@ -274,9 +283,11 @@ class Applier:
         pos = 0
         rows = 0
 
+        commit_times = pa.array([e.commit_time_us for e in entries], pa.int64())
+
         def flush() -> None:
             for buf in segment.values():
-                steps.append(self._rows_step(buf))
+                steps.append(self._rows_step(buf, first_seq, commit_times))
             segment.clear()
 
         for i, entry in enumerate(entries):
@@ -285,11 +296,12 @@ class Applier:
                 kind = op.WhichOneof("kind")
                 if kind == "row":
                     change = op.row
-                    if change.op == R.ROW_OP_TRUNCATE:
+                    if change.op == _TRUNCATE:
                         if change.table not in schemas:
                             raise self._unknown(change.table, seq)
                         flush()
-                        steps.append(TruncateStep(change.table))
+                        opts = self.options.tables.get(change.table)
+                        steps.append(TruncateStep((opts and opts.target) or change.table))
                         rows += 1
                         continue
                     buf = segment.get(change.table)
@@ -305,7 +317,8 @@ class Applier:
                     self._check_schema(op.schema, seq)
                     previous = schemas.get(op.schema.table)
                     schemas[op.schema.table] = op.schema
-                    steps.append(SchemaStep(op.schema, previous))
+                    shaped = self._shape(op.schema, seq)
+                    steps.append(SchemaStep(op.schema, previous, shaped[0] if shaped else None))
                 elif kind == "sql":
                     flush()
                     steps.append(SqlStep(op.sql.sql))
@@ -355,7 +368,7 @@ class Applier:
     def _events(self, buf: EventBuffer, seq: int, pos: int, change: pb.RowChange) -> int:
         """Append the events of one row change; return the next free position."""
         op = change.op
-        if op == R.ROW_OP_INSERT or op == R.ROW_OP_UPDATE:
+        if op in (_INSERT, _UPDATE):
             row = change.row
             if len(row) != len(buf.schema.columns):
                 raise self._bad(
@@ -363,15 +376,15 @@ class Applier:
                     seq,
                     change,
                 )
-            if op == R.ROW_OP_UPDATE and change.key:
+            if op == _UPDATE and change.key:
                 old = list(change.key)
                 if old != [row[i] for i in buf.key_index]:
-                    buf.add(seq, pos, True, self._key_row(buf, old, seq, change))
+                    buf.add(seq, pos, True, self._key_row(buf, old, seq, change), _DELETE)
                     pos += 1
-            buf.add(seq, pos, False, row)
+            buf.add(seq, pos, False, row, op)
             return pos + 1
-        if op == R.ROW_OP_DELETE:
-            buf.add(seq, pos, True, self._key_row(buf, list(change.key), seq, change))
+        if op == _DELETE:
+            buf.add(seq, pos, True, self._key_row(buf, list(change.key), seq, change), op)
             return pos + 1
         raise self._bad(f"unknown row op {op}", seq, change)
 
@@ -390,12 +403,41 @@ class Applier:
             cells[idx] = value
         return cells
 
-    def _rows_step(self, buf: EventBuffer) -> RowsStep:
+    def _shape(
+        self, schema: pb.TableSchema, seq: int
+    ) -> tuple[pb.TableSchema, list[tuple[str, str]]] | None:
+        """The target schema and column expressions of a shaped table (None: as is)."""
+        opts = self.options.tables.get(schema.table)
+        if opts is None or not (opts.transforms or opts.history or opts.target):
+            return None
+        key = (schema.table, schema.SerializeToString())
+        cached = self._shapes.get(key)
+        if cached is None:
+            try:
+                cached = target_schema(self._spark, schema, opts, seq)
+            except SchemaError as exc:
+                raise SchemaError(str(exc), subscription=self.subscription) from exc
+            self._shapes[key] = cached
+        return cached
+
+    def _rows_step(self, buf: EventBuffer, first_seq: int, commit_times: pa.Array) -> Step:
         events = buf.to_arrow()
-        names = [c.name for c in buf.schema.columns]
-        key_cols = [events.column_names[3 + names.index(k)] for k in buf.schema.primary_key]
+        source = buf.schema
+        names = [c.name for c in source.columns]
+        key_cols = [events.column_names[3 + names.index(k)] for k in source.primary_key]
+        opts = self.options.tables.get(source.table)
+        shaped = self._shape(source, first_seq)
+        if opts is not None and shaped is not None:
+            target, exprs = shaped
+            df = self._spark.createDataFrame(events)
+            if opts.history:
+                versions = history_versions(df, source, key_cols, commit_times, first_seq)
+                return HistoryStep(target, versions)
+            if opts.transforms:
+                deletes, upserts = shaped_rows(net_effect_df(df, key_cols), source, opts, exprs)
+                return RowsStep(target, deletes, upserts)
         survivors = net_effect(self._spark, events, key_cols)
         flags = survivors.column("_del")
         deletes = survivors.filter(flags)
         upserts = survivors.filter(pc.invert(flags))
-        return RowsStep(buf.schema, deletes, upserts)
+        return RowsStep(shaped[0] if shaped else source, deletes, upserts)

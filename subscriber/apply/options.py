@@ -37,6 +37,10 @@ class TableOptions:
     filter: str = ""
     history: bool = False
 
+    def __post_init__(self) -> None:
+        if self.history and self.transforms:
+            raise ValueError("history mode keeps the source's columns: no transforms with it")
+
     @property
     def transforms(self) -> bool:
         return bool(self.rename or self.drop or self.computed or self.filter)

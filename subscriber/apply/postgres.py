@@ -42,6 +42,7 @@ from subscriber.apply._pgcopy import csv_bytes, pg_type
 from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
 from subscriber.apply.writer import (
     CallStep,
+    HistoryStep,
     RowsStep,
     SchemaStep,
     SqlStep,
@@ -158,6 +159,12 @@ class PostgresWriter:
                 seq=seq,
             ) from exc
 
+    @property
+    def backend_pid(self) -> int:
+        """The server process of the current connection (0 if none), for measurements."""
+        conn = self._conn
+        return 0 if conn is None or conn.closed else int(conn.info.backend_pid)
+
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
@@ -245,6 +252,8 @@ class PostgresWriter:
     def _step(self, cur: psycopg.Cursor[Any], subscription: str, step: Step, n: int) -> int:
         if isinstance(step, RowsStep):
             return self._rows(cur, step, n)
+        if isinstance(step, HistoryStep):
+            return self._history(cur, step, n)
         if isinstance(step, SchemaStep):
             self._schema(cur, subscription, step)
             return 0
@@ -350,6 +359,40 @@ class PostgresWriter:
             written += step.upserts.num_rows
             cur.execute(_merge_sql(schema, stage))
         return written
+
+    def _history(self, cur: psycopg.Cursor[Any], step: HistoryStep, n: int) -> int:
+        schema, versions = step.schema, step.versions
+        names = [c.name for c in schema.columns]
+        every = list(range(len(names)))
+        keys = [names.index(k) for k in schema.primary_key[:-1]]
+        first = names.index("_first_seq")
+        firsts = versions.filter(versions.column("_first"))
+        stage = f"_txrepl_h{n}"
+        copy = self._stage(cur, stage, schema, [*keys, first])
+        with cur.copy(copy) as cp:
+            cp.write(csv_bytes(firsts, schema, [*keys, first]))
+        match = sql.SQL(" AND ").join(
+            sql.SQL("t.{} = s.{}").format(Q(names[i]), Q(f"c{i}")) for i in keys
+        )
+        cur.execute(
+            sql.SQL(
+                "UPDATE {} AS t SET _last_seq = s.{} - 1 FROM {} AS s"
+                " WHERE {} AND t._last_seq IS NULL"
+            ).format(Q(schema.table), Q(f"c{first}"), Q(stage), match)
+        )
+        stage = f"_txrepl_v{n}"
+        copy = self._stage(cur, stage, schema, every)
+        with cur.copy(copy) as cp:
+            cp.write(csv_bytes(versions, schema, every))
+        cur.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                Q(schema.table),
+                sql.SQL(", ").join(Q(x) for x in names),
+                sql.SQL(", ").join(Q(f"c{i}") for i in every),
+                Q(stage),
+            )
+        )
+        return int(versions.num_rows)
 
     # -- errors ------------------------------------------------------------------
 

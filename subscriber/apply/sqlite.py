@@ -34,6 +34,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
 from subscriber.apply.writer import (
     CallStep,
+    HistoryStep,
     RowsStep,
     SchemaStep,
     SqlStep,
@@ -325,6 +326,8 @@ class SqliteWriter:
     def _step(self, subscription: str, step: Step) -> int:
         if isinstance(step, RowsStep):
             return self._rows(step)
+        if isinstance(step, HistoryStep):
+            return self._history(step)
         if isinstance(step, SchemaStep):
             self._schema(subscription, step.schema, step.target or step.schema)
             return 0
@@ -402,6 +405,30 @@ class SqliteWriter:
             )
             written += step.upserts.num_rows
         return written
+
+    def _history(self, step: HistoryStep) -> int:
+        schema, versions = step.schema, step.versions
+        names = [c.name for c in schema.columns]
+        close, insert = _history_sql(schema)
+        firsts = versions.filter(versions.column("_first"))
+        order = [names.index("_first_seq")] + [names.index(k) for k in schema.primary_key[:-1]]
+        cols = [_column_values(firsts, i, schema.columns[i]) for i in order]
+        self._conn.executemany(close, _rows_of(cols))
+        cols = [_column_values(versions, i, c) for i, c in enumerate(schema.columns)]
+        self._conn.executemany(insert, _rows_of(cols))
+        return int(versions.num_rows)
+
+
+def _history_sql(schema: pb.TableSchema) -> tuple[str, str]:
+    """(close the open version of a key, insert a version) for a history table."""
+    table = quote(schema.table)
+    keys = list(schema.primary_key[:-1])
+    where = " AND ".join(f"{quote(k)} IS ?" for k in keys)
+    close = f'UPDATE {table} SET "_last_seq" = ? - 1 WHERE {where} AND "_last_seq" IS NULL'
+    names = [c.name for c in schema.columns]
+    marks = ", ".join("?" for _ in names)
+    insert = f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) VALUES ({marks})"
+    return close, insert
 
 
 def _check_level(

@@ -45,6 +45,7 @@ from common.rpc import txrepl_pb2 as pb
 
 __all__ = [
     "CallStep",
+    "HistoryStep",
     "RowsStep",
     "SchemaStep",
     "SqlStep",
@@ -127,7 +128,21 @@ class RowsStep:
     upserts: pa.Table
 
 
-Step = SchemaStep | TruncateStep | SqlStep | CallStep | RowsStep
+@dataclass(frozen=True)
+class HistoryStep:
+    """History mode: close each key's open version, then insert the segment's versions.
+
+    ``schema`` is the history table's (source columns, then ``_first_seq``,
+    ``_last_seq``, ``_op``, ``_commit_time``; key = source key + ``_first_seq``);
+    ``versions`` holds its columns positionally plus ``_first`` (bool: the key's
+    earliest version in the segment, whose ``_first_seq - 1`` closes the open one).
+    """
+
+    schema: pb.TableSchema
+    versions: pa.Table
+
+
+Step = SchemaStep | TruncateStep | SqlStep | CallStep | RowsStep | HistoryStep
 
 
 class Writer(Protocol):
