@@ -224,6 +224,9 @@ def test_workers_and_master_lost_mid_catch_up(
     pair = Pair(
         tmp_path,
         tables=["counter", "ledger"],
+        # Small batches (the publisher sends 10 entries a message, the subscriber
+        # applies at most 10 at a time), so a fault lands in the middle of one.
+        publication_extra={"batch_entries": 10},
         subscriber_extra={"spark": cluster_spark(cluster), "batch": {"max_entries": 10}},
     )
     src = ledger_source(pair.source_path)
