@@ -30,7 +30,7 @@ everything else :class:`WriterError`.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -40,6 +40,7 @@ from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._pgcopy import csv_bytes, pg_type
 from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
+from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
     CallStep,
     HistoryStep,
@@ -104,6 +105,7 @@ class PostgresWriter:
         replication_role: str = "replica",
         lock_timeout_s: float | None = None,
         connect_timeout_s: int = 10,
+        procedures: Mapping[str, Procedure] | None = None,
     ) -> None:
         if replication_role not in ("replica", "origin", "local"):
             raise ValueError("replication_role: must be replica, origin or local")
@@ -112,6 +114,7 @@ class PostgresWriter:
         self.replication_role = replication_role
         self.lock_timeout_s = lock_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self._procedures = load_procedures(procedures)
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
         with self._lock:
@@ -262,6 +265,9 @@ class PostgresWriter:
             return 0
         if isinstance(step, SqlStep):
             cur.execute(step.sql.encode())
+            return 0
+        if isinstance(step, CallStep) and step.name in self._procedures:
+            self._procedures[step.name](cur, *[values.decode(v) for v in step.args])
             return 0
         if isinstance(step, CallStep):
             self._call(cur, step)

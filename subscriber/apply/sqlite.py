@@ -27,11 +27,13 @@ import datetime as dt
 import decimal
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
+from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
     CallStep,
     HistoryStep,
@@ -138,8 +140,15 @@ class SqliteWriter:
 
     dialect = "sqlite"
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        busy_timeout_s: float = 30.0,
+        procedures: Mapping[str, Procedure] | None = None,
+    ) -> None:
         self.path = Path(path)
+        self._procedures = load_procedures(procedures)
         try:
             self._conn = sqlite3.connect(
                 self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
@@ -336,6 +345,10 @@ class SqliteWriter:
             return 0
         if isinstance(step, SqlStep):
             self._conn.execute(step.sql)
+            return 0
+        if isinstance(step, CallStep) and step.name in self._procedures:
+            args = [values.decode(v) for v in step.args]
+            self._procedures[step.name](self._conn, *args)
             return 0
         if isinstance(step, CallStep):
             raise ApplyError(

@@ -72,11 +72,11 @@ def reference_history(entries: list[pb.Entry]) -> list[tuple[Any, ...]]:
                 if ch.op == pb.ROW_OP_UPDATE and ch.key[0].int != new[0]:
                     last[ch.key[0].int] = ("D", [ch.key[0].int, None, None])
                 last[new[0]] = ("I" if ch.op == pb.ROW_OP_INSERT else "U", new)
-        for k, (letter, vals) in last.items():
-            if k in current:
-                rows[(k, current[k])][4] = seq - 1
-            rows[(k, seq)] = [*vals, seq, None, letter, f"1970-01-01T00:00:00.{seq:06d}"]
-            current[k] = seq
+        for key, (letter, vals) in last.items():
+            if key in current:
+                rows[(key, current[key])][4] = seq - 1
+            rows[(key, seq)] = [*vals, seq, None, letter, f"1970-01-01T00:00:00.{seq:06d}"]
+            current[key] = seq
     return [tuple(rows[k]) for k in sorted(rows, key=lambda k: (k[0], k[1]))]
 
 
