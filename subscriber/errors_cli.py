@@ -1,0 +1,87 @@
+"""``txrepl subscriber errors list|retry|skip``: stored apply errors, on the target directly.
+
+Reads the subscriber config for the target URL and ``[apply]`` settings; needs no
+running daemon (``retry`` starts a local Spark session to apply the entry).  After
+``retry`` or ``skip``, reconnect the subscription so the daemon re-reads its level.
+Hook it into ``subscriber/cli.py`` with ``errors_cli.register(psub)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("errors", help="list, retry or skip stored apply errors")
+    actions = p.add_subparsers(dest="errors_action", metavar="ACTION", required=True)
+    ls = actions.add_parser("list", help="stored errors (all subscriptions, or one)")
+    ls.add_argument("--config", required=True, help="subscriber TOML file")
+    ls.add_argument("subscription", nargs="?", default=None)
+    ls.add_argument("--json", action="store_true")
+    ls.set_defaults(func=_list)
+    for name, helptext in (
+        ("retry", "apply the stored entry now (after fixing the target)"),
+        ("skip", "move the level past the stored entry without applying it"),
+    ):
+        c = actions.add_parser(name, help=helptext)
+        c.add_argument("--config", required=True)
+        c.add_argument("subscription")
+        c.add_argument("seq", type=int)
+        c.set_defaults(func=_retry if name == "retry" else _skip)
+
+
+def _writer(args: argparse.Namespace) -> Any:
+    from subscriber.apply import open_writer
+    from subscriber.config import load_config
+
+    cfg = load_config(args.config)
+    return cfg, open_writer(cfg.target, cfg.apply, base_dir=cfg.config_dir)
+
+
+def _list(args: argparse.Namespace) -> int:
+    _, writer = _writer(args)
+    errors = writer.list_errors(args.subscription)
+    if args.json:
+        print(json.dumps([{**e.__dict__, "entry": e.entry.hex()} for e in errors], indent=2))
+        return 0
+    print(f"{'SUBSCRIPTION':<24} {'SEQ':>10} {'STATUS':<8} {'CREATED':<32} ERROR")
+    for e in errors:
+        print(f"{e.subscription:<24} {e.seq:>10} {e.status:<8} {e.created_at:<32} {e.error}")
+    return 0
+
+
+def _skip(args: argparse.Namespace) -> int:
+    from subscriber.apply import ApplyError
+
+    _, writer = _writer(args)
+    try:
+        level = writer.skip_error(args.subscription, args.seq)
+    except ApplyError as e:
+        print(f"txrepl: {e}", file=sys.stderr)
+        return 1
+    print(f"{args.subscription}: entry {args.seq} skipped; level {level}")
+    return 0
+
+
+def _retry(args: argparse.Namespace) -> int:
+    from subscriber.apply import Applier, ApplyError, SparkSettings, create_spark_session
+    from subscriber.apply.stored import retry_error
+
+    cfg, writer = _writer(args)
+    spark = create_spark_session(SparkSettings(master="local[1]", jars=tuple(cfg.spark.jars)))
+    try:
+        applier = Applier(spark, writer, args.subscription)
+        applier.configure(cfg.apply)
+        result = retry_error(applier, args.seq)
+    except ApplyError as e:
+        print(f"txrepl: {e}", file=sys.stderr)
+        return 1
+    finally:
+        spark.stop()
+    print(f"{args.subscription}: entry {args.seq} applied; level {result.level}")
+    return 0
