@@ -44,8 +44,13 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     from publisher.config import load_config
     from publisher.daemon import run
+    from publisher.errors import SourceError
 
-    run(load_config(args.config))
+    try:
+        run(load_config(args.config))
+    except SourceError as e:
+        print(f"txrepl: publisher cannot start: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -144,6 +144,8 @@ class PublisherConfig:
     data_dir: str = "var/publisher"
     poll_interval_ms: int = 5
     retention_interval_s: float = 30.0
+    slot: str = ""  # PostgreSQL source: replication slot name; default txrepl_<server_name>
+    plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL logical decoding plugin
     registry_url: str = ""  # SQLAlchemy URL; default sqlite:///<data_dir>/registry.db
     publication: list[PublicationConfig] = dataclasses.field(default_factory=list)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
@@ -218,6 +220,10 @@ class PublisherConfig:
         """Resolve a path from the config relative to the config file's directory."""
         p = Path(value)
         return p if p.is_absolute() else Path(self.config_dir) / p
+
+    @property
+    def slot_name(self) -> str:
+        return self.slot or "txrepl_" + re.sub(r"[^a-z0-9_]", "_", self.server_name.lower())
 
     @property
     def data_path(self) -> Path:

@@ -42,9 +42,10 @@ from common.security import (
 from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
 from common.systemd import Notifier
 from publisher.capture import SqliteCapture
-from publisher.capture.thread import CaptureThread
+from publisher.capture.postgres import PostgresCapture
+from publisher.capture.thread import CaptureThread, PostgresCaptureThread
 from publisher.config import PublisherConfig
-from publisher.errors import FeedRefused, SourceError
+from publisher.errors import FeedRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
@@ -198,7 +199,8 @@ class Publisher:
         self.publications: dict[str, Publication] = {}
         self.registry: Registry | None = None
         self.capture: SqliteCapture | None = None
-        self.capture_thread: CaptureThread | None = None
+        self.capture_thread: CaptureThread | PostgresCaptureThread | None = None
+        self.pg_capture: PostgresCapture | None = None
         self.endpoint: GrpcEndpoint | None = None
         self.feeds: FeedManager | None = None
         self.metrics_server: metrics.MetricsServer | None = None
@@ -222,9 +224,10 @@ class Publisher:
             for pub in self.publications.values():
                 self.capture.install(pub.name, pub.log.incarnation, pub.config.tables)
         else:
-            raise SourceError(
-                f"source {cfg.source!r}: PostgreSQL capture is not available in this build"
-            )
+            self.pg_capture = PostgresCapture(cfg.source, slot=cfg.slot_name, plugin=cfg.plugin)
+            self.pg_capture.check()  # wal_level, REPLICATION, slot health: clear errors
+            for pub in self.publications.values():
+                self.pg_capture.install(pub.name, pub.log.incarnation, pub.config.tables)
 
     async def serve(self, *, ready: asyncio.Event | None = None) -> None:
         assert self.registry is not None
@@ -269,10 +272,16 @@ class Publisher:
         await self.endpoint.start()
         if self.capture is not None:
             pubs = list(self.publications.values())
-            self.capture_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
-            self.capture_thread.start()
+            sqlite_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
+            sqlite_thread.start()
+            self.capture_thread = sqlite_thread
             if snapshots is not None:
-                snapshots.capture_thread = self.capture_thread
+                snapshots.capture_thread = sqlite_thread
+        if self.pg_capture is not None:
+            self.capture_thread = PostgresCaptureThread(
+                self.pg_capture, list(self.publications.values())
+            )
+            self.capture_thread.start()
         if cfg.metrics_listen:
             registry = metrics.new_registry()
             registry.register(PublisherCollector(self))
@@ -328,6 +337,8 @@ class Publisher:
             pub.log.close()
         if self.capture is not None:
             self.capture.close()
+        if self.pg_capture is not None:
+            self.pg_capture.close()
         if self.registry is not None:
             self.registry.close()
 

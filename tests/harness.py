@@ -183,6 +183,8 @@ class Pair:
     subscriber_extra: dict[str, Any] = field(default_factory=dict)
     subscription_extra: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    source_url: str = ""  # default: SQLite file source.db
+    target_url: str = ""  # default: SQLite file target.db
     pub: Daemon | None = None
     sub: Daemon | None = None
 
@@ -199,7 +201,7 @@ class Pair:
             "server_name": self.publisher_name,
             "listen": listen,
             "data_dir": str(self.workdir / "publisher"),
-            "source": f"sqlite:///{self.source_path}",
+            "source": self.source_url or f"sqlite:///{self.source_path}",
             "poll_interval_ms": 2,
             **self.publisher_extra,
             "publication": [
@@ -213,7 +215,7 @@ class Pair:
     def write_subscriber_config(self, publisher_address: str) -> Path:
         cfg: dict[str, Any] = {
             "server_name": self.subscriber_name,
-            "target": f"sqlite:///{self.target_path}",
+            "target": self.target_url or f"sqlite:///{self.target_path}",
             "control_listen": "127.0.0.1:0",
             "data_dir": str(self.workdir / "subscriber"),
             **self.subscriber_extra,

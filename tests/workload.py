@@ -192,3 +192,23 @@ def diff_tables(
         for row in sorted(sb - sa_)[:limit]:
             problems.append(f"{table}: only on target: {row}")
     return problems[: limit * 4]
+
+
+def pg_source(dsn: str) -> Any:
+    """Connect (autocommit) to a PostgreSQL database and create the W1 schema."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute(PG_SCHEMA)
+    return conn
+
+
+def run_pg(conn: Any, txns: Iterator[list[Stmt]] | Sequence[list[Stmt]]) -> int:
+    """Run each transaction as one PostgreSQL transaction; returns the count."""
+    n = 0
+    for stmts in txns:
+        with conn.transaction():
+            for sql, params in stmts:
+                conn.execute(sql.replace("{p}", "%s"), params)
+        n += 1
+    return n

@@ -12,12 +12,39 @@ import threading
 
 import structlog
 
+from publisher.capture.postgres import PostgresCapture
 from publisher.capture.sqlite import SqliteCapture
 from publisher.publication import Publication
 
-__all__ = ["CaptureThread"]
+__all__ = ["CaptureThread", "PostgresCaptureThread"]
 
 log = structlog.get_logger(__name__)
+
+
+class PostgresCaptureThread(threading.Thread):
+    """Runs log-based PostgreSQL capture, restarting it after transient failures."""
+
+    def __init__(self, capture: PostgresCapture, pubs: list[Publication]) -> None:
+        super().__init__(name="txrepl-pg-capture", daemon=True)
+        self.capture = capture
+        self.pubs = pubs
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    @property
+    def entries(self) -> int:
+        return self.capture.entries
+
+    def run(self) -> None:
+        failures = 0
+        while not self.halt.is_set():
+            try:
+                self.capture.run(self.pubs, self.halt)
+                failures = 0
+            except Exception as e:  # the source restarts, the network blips: keep trying
+                failures += 1
+                log.error("PostgreSQL capture failed; retrying", error=str(e), failures=failures)
+                self.halt.wait(min(10.0, 0.2 * 2**failures))
 
 
 class CaptureThread(threading.Thread):
