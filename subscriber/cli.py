@@ -26,6 +26,9 @@ def register(sub: Any) -> None:
     check.add_argument("--config", required=True)
     check.set_defaults(func=_check)
     register_reinit(psub)
+    from subscriber import errors_cli
+
+    errors_cli.register(psub)
     for action, helptext in (
         ("status", "show each subscription's state, level and lag"),
         ("pause", "pause a subscription (or all)"),
