@@ -53,7 +53,9 @@ def schema_op(table: str, columns: Sequence[tuple[str, str]], primary_key: Seque
     return op
 
 
-def _row(table: str, kind: pb.RowOp.ValueType, key: Sequence[object], row: Sequence[object]) -> pb.Op:
+def _row(
+    table: str, kind: pb.RowOp.ValueType, key: Sequence[object], row: Sequence[object]
+) -> pb.Op:
     op = pb.Op()
     op.row.table = table
     op.row.op = kind
