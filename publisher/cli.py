@@ -10,6 +10,7 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.security import add_client_args, client_channel, client_from_args
 
 __all__ = ["register"]
 
@@ -39,6 +40,8 @@ def register(sub: Any) -> None:
     mv.add_argument("subscriber")
     mv.add_argument("--level", type=int, default=0, help="set its level too (after a reinit)")
     mv.set_defaults(func=_mark_valid)
+    for leaf in (subs, pubs, mv):
+        add_client_args(leaf)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -65,13 +68,14 @@ def _check(args: argparse.Namespace) -> int:
 def _admin_stub(args: argparse.Namespace) -> Any:
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    channel = grpc.insecure_channel(args.publisher)
-    return rpc.AdminStub(channel)
+    tls, metadata = client_from_args(args)
+    args.metadata = metadata
+    return rpc.AdminStub(client_channel(args.publisher, tls))
 
 
-def _call(fn: Any, request: Any) -> Any:
+def _call(fn: Any, request: Any, args: argparse.Namespace) -> Any:
     try:
-        return fn(request, timeout=10)
+        return fn(request, timeout=10, metadata=args.metadata or None)
     except grpc.RpcError as e:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -83,7 +87,9 @@ def _subscribers(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
 
     resp = _call(
-        _admin_stub(args).ListSubscribers, pb.ListSubscribersRequest(publication=args.publication)
+        _admin_stub(args).ListSubscribers,
+        pb.ListSubscribersRequest(publication=args.publication),
+        args,
     )
     if args.json:
         print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
@@ -105,7 +111,7 @@ def _publications(args: argparse.Namespace) -> int:
 
     from common.rpc import txrepl_pb2 as pb
 
-    resp = _call(_admin_stub(args).ListPublications, pb.ListPublicationsRequest())
+    resp = _call(_admin_stub(args).ListPublications, pb.ListPublicationsRequest(), args)
     if args.json:
         print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
         return 0
@@ -127,6 +133,7 @@ def _mark_valid(args: argparse.Namespace) -> int:
         pb.MarkValidRequest(
             publication=args.publication, subscriber=args.subscriber, level=args.level
         ),
+        args,
     )
     s = resp.subscriber
     print(f"{s.subscriber} on {s.publication}: valid, level {s.level}")

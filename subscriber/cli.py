@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.security import add_client_args, client_channel, client_from_args
 
 __all__ = ["register"]
 
@@ -40,6 +41,7 @@ def register(sub: Any) -> None:
         if action != "status":
             c.add_argument("subscription", nargs="?", default="", help="default: all")
         c.add_argument("--json", action="store_true")
+        add_client_args(c)
         c.set_defaults(func=_control, control_action=action)
 
 
@@ -67,15 +69,19 @@ def _control(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    stub = rpc.SubscriberControlStub(grpc.insecure_channel(args.control))
+    tls, metadata = client_from_args(args)
+    stub = rpc.SubscriberControlStub(client_channel(args.control, tls))
+    md = metadata or None
     try:
         if args.control_action == "status":
-            resp: Any = stub.Status(pb.StatusRequest(), timeout=10)
+            resp: Any = stub.Status(pb.StatusRequest(), timeout=10, metadata=md)
         else:
             method = {"pause": stub.Pause, "resume": stub.Resume, "reconnect": stub.Reconnect}[
                 args.control_action
             ]
-            resp = method(pb.SubscriptionRequest(subscription=args.subscription), timeout=10)
+            resp = method(
+                pb.SubscriptionRequest(subscription=args.subscription), timeout=10, metadata=md
+            )
     except grpc.RpcError as e:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         return 1

@@ -395,3 +395,46 @@ def test_plaintext_off_loopback_refused_unless_allowed(tmp_path: Path, certs: Ce
     ok = check(base + 'listen = "0.0.0.0:7400"\n' + tls)
     assert ok.returncode == 0, ok.stderr
     assert "ok (publisher p)" in ok.stdout
+
+
+def test_admin_cli_speaks_tls_and_tokens(tmp_path: Path, certs: Certs) -> None:
+    """`txrepl admin publications` reaches a TLS publisher with --ca; refused without it."""
+    pair = _secure_publisher(tmp_path, certs, mutual=False)
+    try:
+        pub = pair.start_publisher()
+        base = [sys.executable, "-m", "common.cli", "admin", "--publisher", pub.address]
+        ok = subprocess.run(
+            [*base, "publications", "--ca", str(certs.ca), "--server-name", "localhost"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert ok.returncode == 0, ok.stderr
+        assert "shop" in ok.stdout
+        plain = subprocess.run([*base, "publications"], capture_output=True, text=True, timeout=60)
+        assert plain.returncode == 1
+        assert "UNAVAILABLE" in plain.stderr
+    finally:
+        pair.stop()
+
+
+def test_admin_cli_sends_the_admin_token(guarded: Pair, tmp_path: Path) -> None:
+    """With an admin token configured, the CLI needs --token-file; without it: UNAUTHENTICATED."""
+    assert guarded.pub is not None
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(ADMIN)
+    base = [sys.executable, "-m", "common.cli", "admin", "--publisher", guarded.pub.address]
+    env = {k: v for k, v in os.environ.items() if k != "TXREPL_TOKEN"}
+    ok = subprocess.run(
+        [*base, "subscribers", "--token-file", str(token_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert ok.returncode == 0, ok.stderr
+    refused = subprocess.run(
+        [*base, "subscribers"], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert refused.returncode == 1
+    assert "UNAUTHENTICATED" in refused.stderr
