@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection
 
 from common.config import parse_address
 
-__all__ = ["GrpcEndpoint", "install_signal_handlers", "write_atomic"]
+__all__ = ["GrpcEndpoint", "Malformed", "install_signal_handlers", "write_atomic"]
 
 log = structlog.get_logger(__name__)
 
@@ -94,8 +94,8 @@ class GrpcEndpoint:
         await self.server.stop(grace)
 
 
-class _Malformed:
-    """Stands in for a request that did not parse."""
+class Malformed:
+    """Stands in for a request message that did not parse."""
 
     def __init__(self, error: Exception) -> None:
         self.error = error
@@ -109,12 +109,12 @@ def _safe(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] 
         try:
             return deserialize(data)
         except Exception as e:  # protobuf DecodeError and friends
-            return _Malformed(e)
+            return Malformed(e)
 
     return parse
 
 
-async def _refuse(context: grpc.aio.ServicerContext[Any, Any], bad: _Malformed) -> None:
+async def _refuse(context: grpc.aio.ServicerContext[Any, Any], bad: Malformed) -> None:
     await context.abort(
         grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {bad.error}"[:1000]
     )
@@ -143,7 +143,7 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             inner_uu: Any = handler.unary_unary
 
             async def uu(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                if isinstance(request, _Malformed):
+                if isinstance(request, Malformed):
                     await _refuse(context, request)
                 return await inner_uu(request, context)
 
@@ -154,38 +154,17 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
                 return handler  # written with context.write: leave it as it is
 
             async def us(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                if isinstance(request, _Malformed):
+                if isinstance(request, Malformed):
                     await _refuse(context, request)
                 async for item in inner_us(request, context):
                     yield item
 
             return grpc.unary_stream_rpc_method_handler(us, parse, ser)
         if handler.stream_stream is not None:
-            inner_ss: Any = handler.stream_stream
-
-            def checked(
-                requests: Any, context: grpc.aio.ServicerContext[Any, Any]
-            ) -> AsyncIterator[Any]:
-                async def gen() -> AsyncIterator[Any]:
-                    async for r in requests:
-                        if isinstance(r, _Malformed):
-                            await _refuse(context, r)
-                        yield r
-
-                return gen()
-
-            if inspect.isasyncgenfunction(inner_ss):
-
-                async def ss_gen(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                    async for item in inner_ss(checked(requests, context), context):
-                        yield item
-
-                return grpc.stream_stream_rpc_method_handler(ss_gen, parse, ser)
-
-            async def ss(requests: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-                return await inner_ss(checked(requests, context), context)
-
-            return grpc.stream_stream_rpc_method_handler(ss, parse, ser)
+            # Streams keep their behaviour: wrapping a long-lived stream handler races
+            # with its own abort.  The handler sees Malformed items and refuses them
+            # itself (publisher/feed.py).
+            return grpc.stream_stream_rpc_method_handler(handler.stream_stream, parse, ser)
         return handler
 
 

@@ -56,6 +56,7 @@ import structlog
 
 from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
+from common.serve import Malformed
 from publisher.errors import FeedRefused
 from publisher.log import PurgedError
 from publisher.publication import Publication
@@ -112,7 +113,7 @@ class FeedManager:
 
     async def sync(
         self,
-        requests: AsyncIterator[pb.SubscriberMessage],
+        requests: AsyncIterator[pb.SubscriberMessage | Malformed],
         context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> None:
         try:
@@ -121,6 +122,10 @@ class FeedManager:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within the timeout")
         except StopAsyncIteration:
             return
+        if isinstance(first, Malformed):
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {first.error}"
+            )
         try:
             feed = await self._accept(first, context)
         except FeedRefused as refused:
@@ -130,7 +135,11 @@ class FeedManager:
                 reason=refused.message,
                 subscriber=first.hello.subscriber if first.HasField("hello") else "",
             )
-            await context.abort(refused.code, refused.message)
+            # set_code + return, not abort(): with client messages still arriving, an
+            # abort can surface as INTERNAL "Internal error from Core" instead.
+            context.set_code(refused.code)
+            context.set_details(refused.message)
+            return
         self.feeds.add(feed)
         acks = asyncio.create_task(self._read_acks(feed, requests))
         try:
@@ -280,9 +289,16 @@ class FeedManager:
             acked=hello.level,
         )
 
-    async def _read_acks(self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage]) -> None:
+    async def _read_acks(
+        self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage | Malformed]
+    ) -> None:
         pub = feed.publication
         async for msg in requests:
+            if isinstance(msg, Malformed):
+                log.warning(
+                    "ignoring a malformed message", subscriber=feed.subscriber, error=str(msg.error)
+                )
+                continue
             if msg.HasField("ack"):
                 level = msg.ack.level
                 if level > feed.last_sent or level < feed.acked:

@@ -333,7 +333,16 @@ async def _fuzz(tmp_path: Path, n: int, oversized: int, seed: int) -> None:
                         w in details.lower() for w in ("deserializ", "pars", "corrupt")
                     )
                 else:
-                    ok = code == case[3]
+                    # Names over 256 characters are refused before anything is looked up.
+                    overlong = (
+                        code == grpc.StatusCode.INVALID_ARGUMENT and "characters long" in details
+                    )
+                    # A client that keeps writing into a call the server already ended
+                    # may see its own core end the call (INTERNAL) before the status.
+                    client_race = case[1] == "refused then garbage" and (
+                        code == grpc.StatusCode.INTERNAL and details == "Internal error from Core"
+                    )
+                    ok = code == case[3] or overlong or client_race
                 assert ok, f"case {i} ({label}): {code} {details!r}, expected {case[3]}"
                 assert details.strip(), f"case {i} ({label}): {code} without a message"
                 outcomes[f"{label} -> {code.name}"] += 1
