@@ -106,3 +106,39 @@ def test_source_without_logical_wal_is_a_clear_startup_error(tmp_path: Path) -> 
     assert "wal_level" in out.stderr
     assert "logical" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_w1_from_sqlite_into_postgresql(tmp_path: Path, pg_server) -> None:
+    """W1 from the embedded SQLite source into PostgreSQL: exact types, equal checksums."""
+    from tests.workload import run_sqlite, sqlite_source
+
+    dst_dsn = pg_server.create_database()
+    pair = Pair(tmp_path, tables=["accounts", "orders"], target_url=dst_dsn)
+    src = sqlite_source(pair.source_path)
+    w1 = W1(accounts=300)
+    run_sqlite(src, w1.transactions(401))
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        run_sqlite(src, w1.transactions(300))
+
+        def equal() -> bool:
+            with psycopg.connect(dst_dsn) as dst:
+                try:
+                    return w1_checksum(src) == w1_checksum(dst)
+                except psycopg.Error:
+                    return False
+
+        try:
+            wait_until(equal, 180, "PostgreSQL to equal the SQLite source", interval=0.5)
+        except TimeoutError:
+            with psycopg.connect(dst_dsn) as dst:
+                raise AssertionError("\n".join(diff_tables(src, dst, W1_COLUMNS))) from None
+        with psycopg.connect(dst_dsn) as dst:
+            (amount_type,) = dst.execute(
+                "SELECT data_type FROM information_schema.columns "
+                "WHERE table_name = 'orders' AND column_name = 'amount'"
+            ).fetchone()
+        assert amount_type == "numeric"
+    finally:
+        pair.stop()
