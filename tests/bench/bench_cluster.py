@@ -17,6 +17,9 @@ staying in one JVM.  The ratio measures the **overhead of the cluster path**, no
 speed-up; the speed-up comes from executors on other machines, for batches big
 enough to use them.
 
+Runs alternate (local, cluster, cluster, local, ...) with the idle cluster up all the
+time, so that load from other work on the machine hits both alike.
+
 Environment: ``TXREPL_BENCH_T`` (default 10000 here, smaller than bench_w1's
 100000), ``TXREPL_BENCH_RUNS`` (default 2).
 
@@ -113,27 +116,30 @@ def _run(t: int, runs: int, results_dir: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     by_system: dict[str, list[dict[str, Any]]] = {}
 
-    def measure(rig: SparkRig, extra: dict[str, Any]) -> None:
-        for run_no in range(1, runs + 1):
-            row = {**catch_up(rig, txns, counts, run_no), **extra}
-            print(
-                f"  {rig.name} run {run_no}: {row['row_changes_per_s']:,.0f} rows/s "
-                f"({row['apply_s']:.2f}s apply, {row['startup_s']:.1f}s start-up), "
-                f"checksum {'ok' if row['checksum_ok'] else 'MISMATCH'}",
-                flush=True,
-            )
-            rows.append(row)
-            by_system.setdefault(rig.name, []).append(row)
+    def measure(rig: SparkRig, run_no: int) -> None:
+        row = {**catch_up(rig, txns, counts, run_no), "master": rig.spark["master"]}
+        print(
+            f"  {rig.name} run {run_no}: {row['row_changes_per_s']:,.0f} rows/s "
+            f"({row['apply_s']:.2f}s apply, {row['startup_s']:.1f}s start-up), "
+            f"checksum {'ok' if row['checksum_ok'] else 'MISMATCH'}",
+            flush=True,
+        )
+        rows.append(row)
+        by_system.setdefault(rig.name, []).append(row)
 
     local = "local[2]"
-    measure(SparkRig(base, local, {"master": "local[2]"}), {"master": "local[2]"})
     cluster_name = "standalone 2x1"
     with start_spark_cluster(workers=2, worker_cores=1, worker_memory="1g") as cluster:
         spark = {
             "master": cluster.url,
             "conf": {'"spark.executor.memory"': "512m", '"spark.cores.max"': "2"},
         }
-        measure(SparkRig(base, cluster_name, spark), {"master": "spark://127.0.0.1 (2 x 1 core)"})
+        rigs = [SparkRig(base, local, {"master": "local[2]"}), SparkRig(base, cluster_name, spark)]
+        # Interleaved (the idle cluster stays up during local runs), so that a change in
+        # the machine's load from other work hits both configurations alike.
+        for run_no in range(1, runs + 1):
+            for rig in rigs if run_no % 2 else rigs[::-1]:
+                measure(rig, run_no)
 
     summary: dict[str, dict[str, float]] = {}
     for name, got in by_system.items():
