@@ -88,12 +88,7 @@ class Registry:
 
     def get(self, publication: str, subscriber: str) -> SubscriberRow | None:
         with self.engine.connect() as c:
-            row = c.execute(
-                sa.select(subscribers).where(
-                    subscribers.c.publication == publication,
-                    subscribers.c.subscriber == subscriber,
-                )
-            ).first()
+            row = c.execute(sa.select(subscribers).where(_key(publication, subscriber))).first()
         return _row(row) if row is not None else None
 
     def list_subscribers(self, publication: str | None = None) -> list[SubscriberRow]:
@@ -108,12 +103,7 @@ class Registry:
     ) -> SubscriberRow:
         """The subscriber's row, created on its first sync request."""
         with self._lock, self.engine.begin() as c:
-            row = c.execute(
-                sa.select(subscribers).where(
-                    subscribers.c.publication == publication,
-                    subscribers.c.subscriber == subscriber,
-                )
-            ).first()
+            row = c.execute(sa.select(subscribers).where(_key(publication, subscriber))).first()
             if row is None:
                 c.execute(
                     subscribers.insert().values(
@@ -130,24 +120,12 @@ class Registry:
                         created=time.time(),
                     )
                 )
-                row = c.execute(
-                    sa.select(subscribers).where(
-                        subscribers.c.publication == publication,
-                        subscribers.c.subscriber == subscriber,
-                    )
-                ).one()
+                row = c.execute(sa.select(subscribers).where(_key(publication, subscriber))).one()
         return _row(row)
 
     def _update(self, publication: str, subscriber: str, **values: object) -> None:
         with self._lock, self.engine.begin() as c:
-            c.execute(
-                subscribers.update()
-                .where(
-                    subscribers.c.publication == publication,
-                    subscribers.c.subscriber == subscriber,
-                )
-                .values(**values)
-            )
+            c.execute(subscribers.update().where(_key(publication, subscriber)).values(**values))
 
     def set_state(self, publication: str, subscriber: str, state: str, reason: str = "") -> None:
         now = time.time()
@@ -157,14 +135,7 @@ class Registry:
         if state == "disconnected":
             values["connected_since"] = None
         with self._lock, self.engine.begin() as c:
-            c.execute(
-                subscribers.update()
-                .where(
-                    subscribers.c.publication == publication,
-                    subscribers.c.subscriber == subscriber,
-                )
-                .values(**values)
-            )
+            c.execute(subscribers.update().where(_key(publication, subscriber)).values(**values))
             c.execute(
                 transitions.insert().values(
                     publication=publication,
@@ -193,10 +164,7 @@ class Registry:
         with self._lock, self.engine.begin() as c:
             c.execute(
                 subscribers.update()
-                .where(
-                    subscribers.c.publication == publication,
-                    subscribers.c.subscriber == subscriber,
-                )
+                .where(_key(publication, subscriber))
                 .values(cuts=subscribers.c.cuts + 1, last_cut_reason=reason)
             )
 
@@ -236,6 +204,10 @@ class Registry:
                     .order_by(transitions.c.id)
                 )
             ]
+
+
+def _key(publication: str, subscriber: str) -> sa.ColumnElement[bool]:
+    return sa.and_(subscribers.c.publication == publication, subscribers.c.subscriber == subscriber)
 
 
 def _row(r: sa.Row[object]) -> SubscriberRow:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
 import structlog
@@ -40,17 +41,7 @@ class ReplicationService(rpc.ReplicationServicer):
         request: pb.SnapshotRequest,
         context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
     ) -> AsyncIterator[pb.SnapshotChunk]:
-        problem = overlong(publication=request.publication)
-        if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        pub = self.publications.get(request.publication)
-        if pub is None:
-            known = ", ".join(sorted(self.publications)) or "none"
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"publication {request.publication!r} not found (known: {known})",
-            )
-        assert pub is not None
+        pub = await _publication(self.publications, request.publication, context)
         if self.snapshots is None or self.snapshots.capture_thread is None:
             await context.abort(
                 grpc.StatusCode.UNIMPLEMENTED,
@@ -80,16 +71,7 @@ class ReplicationService(rpc.ReplicationServicer):
         request: pb.PublishRequest,
         context: grpc.aio.ServicerContext[pb.PublishRequest, pb.PublishResponse],
     ) -> pb.PublishResponse:
-        problem = overlong(publication=request.publication)
-        if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        pub = self.publications.get(request.publication)
-        if pub is None:
-            known = ", ".join(sorted(self.publications)) or "none"
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"publication {request.publication!r} not found (known: {known})",
-            )
+        pub = await _publication(self.publications, request.publication, context)
         if not request.ops:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Publish needs at least one op")
         if len(request.ops) > MAX_PUBLISH_OPS:
@@ -105,6 +87,25 @@ class ReplicationService(rpc.ReplicationServicer):
         seq = await asyncio.to_thread(pub.append, entry)
         log.info("entry published", publication=pub.name, seq=seq, ops=len(request.ops))
         return pb.PublishResponse(seq=seq)
+
+
+async def _publication(
+    publications: Mapping[str, Publication],
+    name: str,
+    context: grpc.aio.ServicerContext[Any, Any],
+) -> Publication:
+    """The publication called ``name``, or the call ends: INVALID_ARGUMENT / NOT_FOUND."""
+    problem = overlong(publication=name)
+    if problem:
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+    pub = publications.get(name)
+    if pub is None:
+        known = ", ".join(sorted(publications)) or "none"
+        await context.abort(
+            grpc.StatusCode.NOT_FOUND, f"publication {name!r} not found (known: {known})"
+        )
+    assert pub is not None
+    return pub
 
 
 def _check_op(op: pb.Op) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -47,32 +47,34 @@ class ControlService(rpc.SubscriberControlServicer):
         assert runner is not None
         return [runner]
 
+    async def _each(
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+        action: Callable[[SubscriptionRunner], None],
+    ) -> pb.SubscriptionResponse:
+        runners = await self._select(request, context)
+        for r in runners:
+            action(r)
+        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+
     async def Pause(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
     ) -> pb.SubscriptionResponse:
-        runners = await self._select(request, context)
-        for r in runners:
-            r.pause()
-        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+        return await self._each(request, context, SubscriptionRunner.pause)
 
     async def Resume(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
     ) -> pb.SubscriptionResponse:
-        runners = await self._select(request, context)
-        for r in runners:
-            r.resume()
-        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+        return await self._each(request, context, SubscriptionRunner.resume)
 
     async def Reconnect(
         self,
         request: pb.SubscriptionRequest,
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
     ) -> pb.SubscriptionResponse:
-        runners = await self._select(request, context)
-        for r in runners:
-            r.reconnect()
-        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+        return await self._each(request, context, SubscriptionRunner.reconnect)
