@@ -191,13 +191,7 @@ class Subscriber:
         cfg.data_path.mkdir(parents=True, exist_ok=True)
         s = cfg.spark
         self.spark = create_spark_session(
-            SparkSettings(
-                master=s.master,
-                conf=dict(s.conf),
-                jars=tuple(s.jars),
-                shuffle_partitions=s.shuffle_partitions,
-                log_level=s.log_level,
-            )
+            SparkSettings.from_config(s)  # executors' cores, memory and Python too
         )
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         for sc in cfg.subscription:

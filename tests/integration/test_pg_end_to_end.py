@@ -135,10 +135,10 @@ def test_w1_from_sqlite_into_postgresql(tmp_path: Path, pg_server) -> None:
             with psycopg.connect(dst_dsn) as dst:
                 raise AssertionError("\n".join(diff_tables(src, dst, W1_COLUMNS))) from None
         with psycopg.connect(dst_dsn) as dst:
-            (amount_type,) = dst.execute(
+            row = dst.execute(
                 "SELECT data_type FROM information_schema.columns "
                 "WHERE table_name = 'orders' AND column_name = 'amount'"
             ).fetchone()
-        assert amount_type == "numeric"
+        assert row == ("numeric",)
     finally:
         pair.stop()

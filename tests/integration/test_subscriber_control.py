@@ -112,7 +112,7 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
             return any("queue threshold" in s.last_cut_reason for s in resp.subscribers)
 
         try:
-            wait_until(cut, 60, "a queue-threshold cut")
+            wait_until(cut, 150, "a queue-threshold cut")
         finally:
             stop.set()
             writer.join()
