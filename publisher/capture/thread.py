@@ -9,6 +9,7 @@ then releases the rows every publication has durably logged.  Steps run under
 from __future__ import annotations
 
 import threading
+import time
 
 import structlog
 
@@ -19,6 +20,9 @@ from publisher.publication import Publication
 __all__ = ["CaptureThread", "PostgresCaptureThread"]
 
 log = structlog.get_logger(__name__)
+
+RELEASE_EVERY_S = 1.0
+RELEASE_ROWS = 50_000
 
 
 class PostgresCaptureThread(threading.Thread):
@@ -59,6 +63,8 @@ class CaptureThread(threading.Thread):
         self.lock = threading.Lock()
         self.error: BaseException | None = None
         self.entries = 0
+        self._unreleased = 0
+        self._released_at = time.monotonic()
 
     def run(self) -> None:
         failures = 0
@@ -95,6 +101,15 @@ class CaptureThread(threading.Thread):
                 appended += 1
             elif last > pub.position:
                 pub.advance(last)
-        self.capture.release(min(p.position for p in self.pubs))
         self.entries += appended
+        # Deleting captured rows takes SQLite's write lock, which the application's
+        # writers hold almost all the time under load: doing it every poll made
+        # capture queue behind them (and grouped hundreds of transactions per entry).
+        # Release at most once a second, or when many rows wait.
+        self._unreleased += len(rows)
+        now = time.monotonic()
+        if self._unreleased >= RELEASE_ROWS or now - self._released_at >= RELEASE_EVERY_S:
+            self.capture.release(min(p.position for p in self.pubs))
+            self._unreleased = 0
+            self._released_at = now
         return appended
