@@ -75,6 +75,9 @@ class CaptureThread(threading.Thread):
                     force = False
                     with self.lock:
                         self.step()
+                elif self._unreleased:
+                    with self.lock:
+                        self._release()
                 failures = 0
             except Exception as e:  # keep capturing; the source may be busy or briefly locked
                 failures += 1
@@ -107,9 +110,13 @@ class CaptureThread(threading.Thread):
         # capture queue behind them (and grouped hundreds of transactions per entry).
         # Release at most once a second, or when many rows wait.
         self._unreleased += len(rows)
+        self._release()
+        return appended
+
+    def _release(self) -> None:
+        """Delete logged capture rows if a second has passed or many wait."""
         now = time.monotonic()
         if self._unreleased >= RELEASE_ROWS or now - self._released_at >= RELEASE_EVERY_S:
             self.capture.release(min(p.position for p in self.pubs))
             self._unreleased = 0
             self._released_at = now
-        return appended

@@ -32,7 +32,9 @@ def _captured(pair: Pair) -> int:
     """Wait until the publisher has moved every captured row into the log; the head."""
     conn = sqlite3.connect(str(pair.source_path))
     try:
+        deadline = time.monotonic() + 60
         while conn.execute("SELECT count(*) FROM _txrepl_capture").fetchone()[0]:
+            assert time.monotonic() < deadline, "capture did not take the rows within 60 s"
             time.sleep(0.01)
     finally:
         conn.close()
