@@ -39,7 +39,7 @@ from psycopg import sql
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._pgcopy import csv_bytes, pg_type
-from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
+from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
     CallStep,
@@ -51,6 +51,7 @@ from subscriber.apply.writer import (
     StoredError,
     SubscriptionState,
     TruncateStep,
+    check_level,
 )
 
 __all__ = ["PostgresWriter"]
@@ -239,7 +240,7 @@ class PostgresWriter:
     ) -> int:
         def body(cur: psycopg.Cursor[Any]) -> int:
             level, stored = self._lock_level(cur, subscription)
-            _check_level(subscription, incarnation, first_seq, level, stored)
+            check_level(subscription, incarnation, first_seq, level, stored)
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, n)
@@ -414,7 +415,7 @@ class PostgresWriter:
     ) -> None:
         def body(cur: psycopg.Cursor[Any]) -> None:
             level, stored = self._lock_level(cur, subscription)
-            _check_level(subscription, incarnation, seq, level, stored)
+            check_level(subscription, incarnation, seq, level, stored)
             cur.execute(
                 "INSERT INTO txrepl_errors (subscription, seq, entry, error, status)"
                 " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (subscription, seq) DO UPDATE SET"
@@ -477,23 +478,6 @@ class PostgresWriter:
 
         with self._lock:
             self._run(subscription, seq, body)
-
-
-def _check_level(
-    subscription: str, incarnation: str, first_seq: int, level: int, stored: str
-) -> None:
-    if first_seq != level + 1:
-        raise GapError(
-            f"batch starts at seq {first_seq} but the target's level is {level}",
-            subscription=subscription,
-            seq=first_seq,
-        )
-    if stored and stored != incarnation:
-        raise GapError(
-            f"incarnation {incarnation!r} differs from the stored {stored!r}",
-            subscription=subscription,
-            seq=first_seq,
-        )
 
 
 def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:

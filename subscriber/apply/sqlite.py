@@ -32,7 +32,7 @@ from pathlib import Path
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply.errors import ApplyError, GapError, TransientError, WriterError
+from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
     CallStep,
@@ -44,6 +44,7 @@ from subscriber.apply.writer import (
     StoredError,
     SubscriptionState,
     TruncateStep,
+    check_level,
     column_of,
     python_values,
 )
@@ -203,7 +204,7 @@ class SqliteWriter:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 level, stored = self._level(subscription)
-                _check_level(subscription, incarnation, first_seq, level, stored)
+                check_level(subscription, incarnation, first_seq, level, stored)
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
@@ -264,7 +265,7 @@ class SqliteWriter:
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 level, stored = self._level(subscription)
-                _check_level(subscription, incarnation, seq, level, stored)
+                check_level(subscription, incarnation, seq, level, stored)
                 self._conn.execute(
                     "INSERT INTO txrepl_errors"
                     " (subscription, seq, entry, error, created_at, status)"
@@ -442,23 +443,6 @@ def _history_sql(schema: pb.TableSchema) -> tuple[str, str]:
     marks = ", ".join("?" for _ in names)
     insert = f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) VALUES ({marks})"
     return close, insert
-
-
-def _check_level(
-    subscription: str, incarnation: str, first_seq: int, level: int, stored: str
-) -> None:
-    if first_seq != level + 1:
-        raise GapError(
-            f"batch starts at seq {first_seq} but the target's level is {level}",
-            subscription=subscription,
-            seq=first_seq,
-        )
-    if stored and stored != incarnation:
-        raise GapError(
-            f"incarnation {incarnation!r} differs from the stored {stored!r}",
-            subscription=subscription,
-            seq=first_seq,
-        )
 
 
 def _rows_of(columns: list[list[object]]) -> Iterable[tuple[object, ...]]:

@@ -42,6 +42,7 @@ import pyarrow as pa
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.errors import GapError
 
 __all__ = [
     "CallStep",
@@ -241,3 +242,21 @@ def python_values(col: pa.ChunkedArray, column: pb.Column, variant: bool) -> lis
         return [None if s is None else dt.datetime.fromisoformat(s) for s in raw]
     out: list[object] = raw
     return out
+
+
+def check_level(
+    subscription: str, incarnation: str, first_seq: int, level: int, stored: str
+) -> None:
+    """Refuse (GapError) a batch that does not follow the stored level and incarnation."""
+    if first_seq != level + 1:
+        raise GapError(
+            f"batch starts at seq {first_seq} but the target's level is {level}",
+            subscription=subscription,
+            seq=first_seq,
+        )
+    if stored and stored != incarnation:
+        raise GapError(
+            f"incarnation {incarnation!r} differs from the stored {stored!r}",
+            subscription=subscription,
+            seq=first_seq,
+        )
