@@ -120,6 +120,7 @@ class SubscriptionRunner:
         self.last_error = ""
         self.applied_entries = 0
         self.applied_rows = 0
+        self.sessions = 0  # streams that got as far as a Welcome
         self._paused = False
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
@@ -351,6 +352,7 @@ class SubscriptionRunner:
                     raise PermanentFeedError(f"expected Welcome, got {first.WhichOneof('kind')}")
                 self._check_welcome(first.welcome)
                 self._in_sync_head = None
+                self.sessions += 1
                 self._set("syncing", f"level {self.level}, head {first.welcome.head}")
                 queue: asyncio.Queue[Received | None] = asyncio.Queue(self.batch.queue_batches)
                 applier = asyncio.create_task(self._apply_loop(queue, call))
@@ -518,7 +520,10 @@ class SubscriptionRunner:
                     return
 
     def _reached_in_sync(self, queue: asyncio.Queue[Received | None]) -> None:
-        self._set("in_sync", f"head {self._in_sync_head}")
+        # A transition, not every batch applied at the head: the timeline keeps the
+        # last 100 changes, and a busy in-sync feed would flush everything else out.
+        if self.state != "in_sync":
+            self._set("in_sync", f"head {self._in_sync_head}")
         if self.schedule.enabled and not self._run_done:
             self._run_done = True
             with contextlib.suppress(asyncio.QueueFull):
@@ -535,6 +540,7 @@ class SubscriptionRunner:
             last_error=self.last_error,
             applied_entries=self.applied_entries,
             applied_rows=self.applied_rows,
+            sessions=self.sessions,
         )
         for at, state, reason in self.timeline[-20:]:
             st.timeline.add(state=state, at_us=int(at * 1e6), reason=reason)

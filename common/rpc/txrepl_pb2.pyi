@@ -1147,6 +1147,7 @@ class SubscriptionStatus(_message.Message):
     TIMELINE_FIELD_NUMBER: _builtins.int
     APPLIED_ENTRIES_FIELD_NUMBER: _builtins.int
     APPLIED_ROWS_FIELD_NUMBER: _builtins.int
+    SESSIONS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     publisher: _builtins.str
     publication: _builtins.str
@@ -1157,6 +1158,8 @@ class SubscriptionStatus(_message.Message):
     last_error: _builtins.str
     applied_entries: _builtins.int
     applied_rows: _builtins.int
+    sessions: _builtins.int
+    """streams welcomed since the daemon started (1 = never reconnected)"""
     @_builtins.property
     def timeline(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]: ...
     def __init__(
@@ -1172,10 +1175,11 @@ class SubscriptionStatus(_message.Message):
         timeline: _abc.Iterable[Global___StateChange] | None = ...,
         applied_entries: _builtins.int = ...,
         applied_rows: _builtins.int = ...,
+        sessions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -83,6 +83,11 @@ def test_catch_up_then_live(tmp_path: Path) -> None:
         assert w1_checksum(src) == w1_checksum(dst)
         st = pair.status()
         assert st.state == "in_sync"
+        # Live batches at the head are not transitions: the timeline keeps the real
+        # ones (one in_sync after syncing), and one stream carried everything.
+        states = [t.state for t in st.timeline]
+        assert states.count("in_sync") == 1, states
+        assert st.sessions == 1, states
     finally:
         pair.stop()
 
