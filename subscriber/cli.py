@@ -135,9 +135,7 @@ def _reinit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    if not cfg.target.startswith("sqlite:///"):
-        print("txrepl: reinit supports SQLite targets in this version", file=sys.stderr)
-        return 2
+    sqlite_target = cfg.target.startswith("sqlite:///")
     # The running daemon writes the address it bound (port 0 works) into its data dir.
     addr_file = cfg.data_path / "subscriber.addr"
     control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
@@ -149,14 +147,19 @@ def _reinit(args: argparse.Namespace) -> int:
     except grpc.RpcError:
         daemon_running = False
     s = cfg.spark
-    spark = create_spark_session(
-        SparkSettings(
-            master=s.master,
-            conf=dict(s.conf),
-            jars=tuple(s.jars),
-            shuffle_partitions=s.shuffle_partitions,
-            log_level=s.log_level,
+    # A PostgreSQL target is loaded by COPY from this process: no Spark session needed.
+    spark = (
+        create_spark_session(
+            SparkSettings(
+                master=s.master,
+                conf=dict(s.conf),
+                jars=tuple(s.jars),
+                shuffle_partitions=s.shuffle_partitions,
+                log_level=s.log_level,
+            )
         )
+        if sqlite_target
+        else None
     )
 
     def progress(p: SnapshotProgress) -> None:
@@ -179,16 +182,18 @@ def _reinit(args: argparse.Namespace) -> int:
             publication=sc.publication,
             subscriber=cfg.server_name,
             subscription=sc.id,
-            target=cfg.sqlite_target_path,
+            target=cfg.sqlite_target_path if sqlite_target else cfg.target,
             spark=spark,
             metadata=(("x-txrepl-token", token),) if token else None,
             on_progress=progress,
+            role=cfg.apply.role or None,
         )
     except SnapshotError as e:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        if spark is not None:
+            spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")
     if not args.no_mark_valid:
         admin = rpc.AdminStub(grpc.insecure_channel(sc.address))

@@ -209,9 +209,10 @@ class Subscriber:
             )
 
     def _snapshot_loader(self, sc: SubscriptionConfig) -> Callable[[], tuple[str, int]] | None:
-        """Loading snapshots needs a SQLite target (subscriber/reinit.py)."""
+        """Loads snapshots into a SQLite or PostgreSQL target (subscriber/reinit.py)."""
         cfg = self.config
-        if not cfg.target.startswith("sqlite:///"):
+        sqlite_target = cfg.target.startswith("sqlite:///")
+        if not sqlite_target and not cfg.target.startswith(("postgresql://", "postgres://")):
             return None
         spark = self.spark
         assert spark is not None
@@ -227,9 +228,10 @@ class Subscriber:
                 publication=sc.publication,
                 subscriber=cfg.server_name,
                 subscription=sc.id,
-                target=cfg.sqlite_target_path,
+                target=cfg.sqlite_target_path if sqlite_target else cfg.target,
                 spark=spark,
                 metadata=metadata,
+                role=cfg.apply.role or None,
             )
 
         return load

@@ -1,6 +1,9 @@
-"""Re-initialise a subscription from a publisher snapshot (SQLite targets).
+"""Re-initialise a subscription from a publisher snapshot.
 
-Atomicity argument:
+The target is a SQLite file (this module) or a PostgreSQL database
+(:mod:`subscriber.reinit_pg`, which has its own atomicity argument).
+
+Atomicity argument (SQLite):
 
 1. The snapshot (publisher/snapshot.py) is the content of every published table
    as of exactly one seq S.
@@ -118,19 +121,43 @@ def load_snapshot(
     publication: str,
     subscriber: str,
     subscription: str,
-    target: Path,
-    spark: SparkSession,
+    target: Path | str,
+    spark: SparkSession | None = None,
     channel: grpc.Channel | None = None,
     metadata: tuple[tuple[str, str], ...] | None = None,
     on_progress: Callable[[SnapshotProgress], None] | None = None,
     chunk_rows: int = 5000,
+    role: str | None = None,
 ) -> tuple[str, int]:
-    """Load the publication's snapshot into ``target``; returns (incarnation, seq)."""
+    """Load the publication's snapshot into ``target``; returns (incarnation, seq).
+
+    ``target`` is a SQLite file (a ``Path``; ``spark`` required) or a PostgreSQL URL
+    (``postgresql://...``; ``spark`` unused, ``role`` the replay role to create the
+    tables as).
+    """
+    if isinstance(target, str):
+        if not target.startswith(("postgresql://", "postgres://")):
+            raise SnapshotError(
+                f"target {target!r}: snapshots load into a SQLite file or postgresql://..."
+            )
+        return _load_postgres(
+            address=address,
+            publisher=publisher,
+            publication=publication,
+            subscriber=subscriber,
+            subscription=subscription,
+            dsn=target,
+            role=role,
+            channel=channel,
+            metadata=metadata,
+            on_progress=on_progress,
+            chunk_rows=chunk_rows,
+        )
+    if spark is None:
+        raise SnapshotError("loading a snapshot into SQLite needs a Spark session")
     SqliteWriter(target).close()  # creates the metadata tables if missing
     own = channel is None
-    ch = channel or grpc.insecure_channel(
-        address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-    )
+    ch = channel or _channel(address)
     conn = sqlite3.connect(str(target), isolation_level=None, timeout=60)
     progress = SnapshotProgress()
     try:
@@ -165,10 +192,7 @@ def load_snapshot(
             kind = chunk.WhichOneof("kind")
             if kind == "start":
                 start = chunk.start
-                if start.publisher != publisher:
-                    raise SnapshotError(
-                        f"snapshot came from publisher {start.publisher!r}, expected {publisher!r}"
-                    )
+                _check_publisher(start, publisher)
                 progress.seq = start.seq
                 for t in start.tables:
                     schemas[t.schema.table] = t.schema
@@ -218,6 +242,127 @@ def load_snapshot(
         raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
     finally:
         conn.close()
+        if own:
+            ch.close()
+
+
+def _channel(address: str) -> grpc.Channel:
+    return grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    )
+
+
+def _check_publisher(start: pb.SnapshotStart, publisher: str) -> None:
+    if start.publisher != publisher:
+        raise SnapshotError(
+            f"snapshot came from publisher {start.publisher!r}, expected {publisher!r}"
+        )
+
+
+def _load_postgres(
+    *,
+    address: str,
+    publisher: str,
+    publication: str,
+    subscriber: str,
+    subscription: str,
+    dsn: str,
+    role: str | None,
+    channel: grpc.Channel | None,
+    metadata: tuple[tuple[str, str], ...] | None,
+    on_progress: Callable[[SnapshotProgress], None] | None,
+    chunk_rows: int,
+) -> tuple[str, int]:
+    """The PostgreSQL target: one transaction from the shadow tables to the swap."""
+    from subscriber.reinit_pg import PgShadowLoader
+
+    loader = PgShadowLoader(dsn, role=role)
+    own = channel is None
+    ch = channel or _channel(address)
+    progress = SnapshotProgress()
+    try:
+        stream: Any = rpc.ReplicationStub(ch).Snapshot(
+            pb.SnapshotRequest(
+                subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
+            ),
+            metadata=metadata,
+        )
+        start: pb.SnapshotStart | None = None
+        buffers: dict[str, list[list[object]]] = {}
+        loaded: dict[str, int] = {}
+
+        def flush(table: str) -> None:
+            rows = buffers[table]
+            if not rows:
+                return
+            loader.write(table, rows)
+            loaded[table] += len(rows)
+            progress.rows_loaded += len(rows)
+            buffers[table] = []
+            if on_progress is not None:
+                on_progress(progress)
+
+        for chunk in stream:
+            kind = chunk.WhichOneof("kind")
+            if kind == "start":
+                if start is not None:
+                    raise SnapshotError("the snapshot started twice")
+                start = chunk.start
+                _check_publisher(start, publisher)
+                progress.seq = start.seq
+                for t in start.tables:
+                    buffers[t.schema.table] = []
+                    loaded[t.schema.table] = 0
+                    progress.rows_expected += t.expected_rows
+                loader.prepare(subscription, [t.schema for t in start.tables])
+                log.info(
+                    "snapshot started",
+                    publication=publication,
+                    seq=start.seq,
+                    tables=len(buffers),
+                    rows=progress.rows_expected,
+                    target="postgresql",
+                )
+            elif kind == "rows":
+                table = chunk.rows.table
+                if start is None or table not in buffers:
+                    raise SnapshotError(f"snapshot rows for unknown table {table!r}")
+                width = len(loader.schemas[table].columns)
+                buf = buffers[table]
+                for r in chunk.rows.rows:
+                    if len(r.values) != width:
+                        raise SnapshotError(
+                            f"snapshot row of {table!r} has {len(r.values)} values,"
+                            f" the table {width} columns"
+                        )
+                    buf.append([decode(v) for v in r.values])
+                if len(buf) >= FLUSH_ROWS:
+                    flush(table)
+            elif kind == "end":
+                if start is None:
+                    raise SnapshotError("snapshot ended before it started")
+                for table in buffers:
+                    flush(table)
+                expected = {t.schema.table: t.expected_rows for t in start.tables}
+                if loaded != expected:
+                    raise SnapshotError(
+                        f"snapshot incomplete: loaded {loaded}, expected {expected}"
+                    )
+                loader.swap(subscription, start.incarnation, start.seq)
+                log.info(
+                    "snapshot loaded",
+                    publication=publication,
+                    seq=start.seq,
+                    rows=progress.rows_loaded,
+                    seconds=round(time.monotonic() - progress.started, 2),
+                    target="postgresql",
+                )
+                return start.incarnation, start.seq
+        raise SnapshotError("the snapshot stream ended without its end marker")
+    except grpc.RpcError as e:
+        raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
+    finally:
+        loader.close()
         if own:
             ch.close()
 

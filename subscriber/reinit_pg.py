@@ -1,0 +1,278 @@
+"""Load a publisher snapshot into a PostgreSQL target: shadow tables, one swap.
+
+Used by :func:`subscriber.reinit.load_snapshot` when the target is
+``postgresql://...``.  Rows go from the driver straight into PostgreSQL with
+``COPY ... FROM STDIN`` (psycopg 3); Spark is not involved, as transforms are not
+applied to snapshot rows yet.
+
+Atomicity argument
+==================
+
+Everything the load does on the target happens in **one target transaction** T
+(after a short, separate one that creates the empty schema ``txrepl_shadow`` once):
+
+1. T takes a transaction-level advisory lock for the subscription (a second
+   reinit of the same subscription fails at once instead of interleaving), then
+   creates ``txrepl_shadow.<table>`` for every published table (the same column
+   types the apply writer uses, :func:`subscriber.apply._pgcopy.pg_type`).
+2. The snapshot's rows (the content of every published table as of exactly one
+   seq S, publisher/snapshot.py) are copied into the shadows, chunk by chunk,
+   still inside T; then each shadow gets its primary key (building the index
+   once, after the load, is faster than maintaining it row by row, and a
+   duplicate key fails here, before anything is swapped).
+3. Still inside T: lock every old table ``ACCESS EXCLUSIVE`` (under a short
+   ``lock_timeout``, inside a savepoint, retried until ``swap_timeout_s``, so a
+   long-running reader delays the swap instead of queueing every other reader
+   behind it), drop it, move the shadow into its schema
+   (``ALTER TABLE ... SET SCHEMA``: the primary key index moves with it and keeps
+   the name ``<table>_pkey`` the apply writer's own ``CREATE TABLE`` gives),
+   replace the subscription's rows in ``txrepl_schemas``, and set its level row to
+   S with the snapshot's incarnation (the row locked ``FOR UPDATE`` first, as the
+   apply writer does, so a concurrent batch waits and then fails its level check).
+4. COMMIT.
+
+Until step 4 commits, nothing of T is visible to any other session: readers keep
+reading the old tables (MVCC), and from step 3 on they wait for T's locks (never
+longer than one ``lock_timeout`` attempt while T is still waiting itself).  The
+commit makes the new tables, the schemas and the level visible together; a
+reader that was waiting on an old table re-resolves its name after the lock is
+granted (PostgreSQL's ``RangeVarGetRelidExtended`` retries when the relation
+changed while it waited), so it reads the new table.  A SIGKILL of the reinit at
+any point before the commit record is flushed closes its connection: the server
+rolls T back, the advisory lock goes with it, no shadow table survives (they
+were created in T), and the target holds exactly the old state at the old level,
+so the command can simply be run again.  A kill after the commit leaves the new
+state at level S: rerunning loads a fresh snapshot at a newer S'.
+
+Limits: the old table is dropped, so views and foreign keys that depend on it
+make the swap fail (with PostgreSQL's message; the target is unchanged), and
+grants, indexes other than the primary key, triggers and comments on it are not
+carried over.  The whole load is one transaction, which holds back VACUUM's
+horizon on the target while it runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._pgcopy import pg_type
+from subscriber.reinit import SnapshotError
+
+__all__ = ["SHADOW_SCHEMA", "PgShadowLoader"]
+
+SHADOW_SCHEMA = "txrepl_shadow"
+
+Q = sql.Identifier
+
+
+class PgShadowLoader:
+    """Steps 1-4 of the module docstring on one connection (not thread-safe)."""
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        role: str | None = None,
+        lock_timeout_s: float = 2.0,
+        swap_timeout_s: float = 120.0,
+        connect_timeout_s: int = 10,
+    ) -> None:
+        from subscriber.apply.postgres import PostgresWriter
+
+        self.where = dsn.rsplit("@", 1)[-1]  # never the password
+        self.role = role
+        self.lock_timeout_s = lock_timeout_s
+        self.swap_timeout_s = swap_timeout_s
+        self.schemas: dict[str, pb.TableSchema] = {}
+        try:
+            PostgresWriter(dsn, role=role).close()  # creates the metadata tables if missing
+            self.conn: psycopg.Connection[Any] = psycopg.connect(
+                dsn,
+                autocommit=True,
+                connect_timeout=connect_timeout_s,
+                client_encoding="UTF8",
+                application_name="txrepl-reinit",
+            )
+        except Exception as exc:
+            raise self._error("cannot connect", exc) from exc
+
+    def _error(self, what: str, exc: BaseException) -> Exception:
+        text = str(exc)
+        cause = getattr(exc, "__cause__", None)
+        if isinstance(cause, psycopg.Error):
+            text = str(cause)
+        return SnapshotError(f"PostgreSQL target {self.where}: {what}: {text}".rstrip(": "))
+
+    def close(self) -> None:
+        # Closing an unfinished T rolls it back (step 4 never happened).
+        self.conn.close()
+
+    # -- steps -----------------------------------------------------------------
+
+    def prepare(self, subscription: str, tables: Sequence[pb.TableSchema]) -> None:
+        """Step 1: the shadow schema (own transaction), then T with its shadow tables."""
+        cur = self.conn.cursor()
+        try:
+            with self.conn.transaction():
+                cur.execute("SELECT pg_advisory_xact_lock(hashtext('txrepl metadata'))")
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Q(SHADOW_SCHEMA)))
+            cur.execute("BEGIN")
+            cur.execute(
+                "SELECT pg_try_advisory_xact_lock(hashtext('txrepl reinit'), hashtext(%s))",
+                (subscription,),
+            )
+            row = cur.fetchone()
+            if row is None or not row[0]:
+                raise SnapshotError(
+                    f"another reinit of {subscription!r} is loading into {self.where}"
+                )
+            if self.role:
+                cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
+            for schema in tables:
+                if not schema.primary_key:
+                    raise SnapshotError(f"table {schema.table!r} has no primary key")
+                self.schemas[schema.table] = schema
+                shadow = sql.SQL("{}.{}").format(Q(SHADOW_SCHEMA), Q(schema.table))
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(shadow))
+                cols = sql.SQL(", ").join(
+                    sql.SQL("{} {}{}").format(
+                        Q(c.name),
+                        sql.SQL(pg_type(c)),
+                        sql.SQL("" if c.nullable or c.name in schema.primary_key else " NOT NULL"),
+                    )
+                    for c in schema.columns
+                )
+                cur.execute(sql.SQL("CREATE TABLE {} ({})").format(shadow, cols))
+        except psycopg.Error as exc:
+            raise self._error("cannot create the shadow tables", exc) from exc
+
+    def write(self, table: str, rows: Iterable[Sequence[object]]) -> None:
+        """Step 2: COPY decoded rows (``common.values`` Python values) into a shadow."""
+        schema = self.schemas[table]
+        copy = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
+            Q(SHADOW_SCHEMA), Q(table), sql.SQL(", ").join(Q(c.name) for c in schema.columns)
+        )
+        try:
+            with self.conn.cursor() as cur, cur.copy(copy) as cp:
+                for row in rows:
+                    cp.write_row(row)
+        except (psycopg.Error, TypeError, ValueError) as exc:
+            raise self._error(f"refused the snapshot rows of table {table!r}", exc) from exc
+
+    def swap(self, subscription: str, incarnation: str, seq: int) -> None:
+        """Steps 2 (primary keys), 3 and 4."""
+        cur = self.conn.cursor()
+        try:
+            for table, schema in self.schemas.items():
+                cur.execute(
+                    sql.SQL("ALTER TABLE {}.{} ADD PRIMARY KEY ({})").format(
+                        Q(SHADOW_SCHEMA),
+                        Q(table),
+                        sql.SQL(", ").join(Q(k) for k in schema.primary_key),
+                    )
+                )
+            cur.execute("SELECT current_schema()")
+            row = cur.fetchone()
+            default = row[0] if row else None
+            homes: dict[str, str] = {}
+            for table in self.schemas:
+                cur.execute(
+                    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+                    " WHERE c.oid = to_regclass(%s)",
+                    (Q(table).as_string(cur),),
+                )
+                found = cur.fetchone()
+                home = found[0] if found else default
+                if home is None:
+                    raise SnapshotError(
+                        f"PostgreSQL target {self.where}: no schema to create {table!r} in"
+                        " (the search_path names no existing schema)"
+                    )
+                if home == SHADOW_SCHEMA:
+                    raise SnapshotError(
+                        f"PostgreSQL target {self.where}: the search_path resolves {table!r}"
+                        f" to the shadow schema {SHADOW_SCHEMA!r}"
+                    )
+                homes[table] = home
+            self._lock_old(cur, homes)
+            for table, home in homes.items():
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(Q(home), Q(table)))
+                cur.execute(
+                    sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
+                        Q(SHADOW_SCHEMA), Q(table), Q(home)
+                    )
+                )
+            cur.execute(
+                "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
+                " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",
+                (subscription,),
+            )
+            cur.execute(
+                "SELECT level FROM txrepl_subscriptions WHERE subscription = %s FOR UPDATE",
+                (subscription,),
+            )
+            cur.execute("DELETE FROM txrepl_schemas WHERE subscription = %s", (subscription,))
+            cur.executemany(
+                "INSERT INTO txrepl_schemas (subscription, table_name, schema) VALUES (%s, %s, %s)",
+                [(subscription, t, s.SerializeToString()) for t, s in self.schemas.items()],
+            )
+            cur.execute(
+                "UPDATE txrepl_subscriptions SET level = %s, incarnation = %s, updated_at = now()"
+                " WHERE subscription = %s",
+                (seq, incarnation, subscription),
+            )
+            cur.execute("COMMIT")
+        except psycopg.errors.DependentObjectsStillExist as exc:
+            raise self._error(
+                "the old tables cannot be replaced (a view or a foreign key depends on them)",
+                exc,
+            ) from exc
+        except psycopg.Error as exc:
+            raise self._error("the swap failed", exc) from exc
+
+    def _lock_old(self, cur: psycopg.Cursor[Any], homes: dict[str, str]) -> None:
+        """ACCESS EXCLUSIVE on the old tables, in short attempts (see step 3)."""
+        names = [
+            sql.SQL("{}.{}").format(Q(home), Q(table))
+            for table, home in sorted(homes.items())
+            if self._exists(cur, home, table)
+        ]
+        if not names:
+            return
+        lock = sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.SQL(", ").join(names))
+        deadline = time.monotonic() + self.swap_timeout_s
+        while True:
+            cur.execute("SAVEPOINT txrepl_swap")
+            cur.execute(
+                "SELECT set_config('lock_timeout', %s, true)",
+                (f"{int(self.lock_timeout_s * 1000)}ms",),
+            )
+            try:
+                cur.execute(lock)
+            except psycopg.errors.LockNotAvailable as exc:
+                cur.execute("ROLLBACK TO SAVEPOINT txrepl_swap")
+                if time.monotonic() >= deadline:
+                    raise SnapshotError(
+                        f"PostgreSQL target {self.where}: could not lock the old tables within"
+                        f" {self.swap_timeout_s:g} s (long-running readers?); run the reinit"
+                        " again"
+                    ) from exc
+                continue
+            cur.execute("SELECT set_config('lock_timeout', '0', true)")
+            cur.execute("RELEASE SAVEPOINT txrepl_swap")
+            return
+
+    @staticmethod
+    def _exists(cur: psycopg.Cursor[Any], home: str, table: str) -> bool:
+        cur.execute(
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s",
+            (home, table),
+        )
+        return cur.fetchone() is not None

@@ -1,0 +1,260 @@
+"""Re-initialisation into a PostgreSQL target: shadow tables swapped in one transaction.
+
+Real daemons, a real private PostgreSQL (tests/fixtures/postgres.py), the real
+``txrepl subscriber reinit`` command, SIGKILLed at two points: in the middle of
+the load, and while its swap waits for a reader's lock.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from subscriber.reinit import SnapshotError, load_snapshot
+from tests.harness import ROOT, Pair, wait_until
+from tests.workload import W1, W1_COLUMNS, diff_tables, run_sqlite, sqlite_source, w1_checksum
+
+ACCOUNTS = 80_000  # more than one flush (50,000 rows): the first kill lands mid-load
+
+
+def _bursts(src: sqlite3.Connection, w1: W1, n: int, size: int = 3) -> None:
+    """``n`` bursts of W1 transactions, apart enough to become separate entries."""
+    for _ in range(n):
+        run_sqlite(src, w1.transactions(size))
+        time.sleep(0.03)
+
+
+def _reinit(pair: Pair) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "common.cli",
+            "subscriber",
+            "reinit",
+            "pub1.shop",
+            "--config",
+            str(pair.workdir / "subscriber.toml"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def _read_until(proc: subprocess.Popen[bytes], marker: bytes, timeout: float) -> bytes:
+    """Read the process's output until ``marker`` shows (progress lines end with \\r)."""
+    assert proc.stdout is not None
+    out = b""
+    deadline = time.monotonic() + timeout
+    while marker not in out:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {marker!r} in {out!r}")
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            raise AssertionError(f"reinit ended before {marker!r}: {out!r}")
+        out += chunk
+    return out
+
+
+def _level(dsn: str) -> tuple[int, str]:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(
+            "SELECT level, incarnation FROM txrepl_subscriptions WHERE subscription = 'pub1.shop'"
+        ).fetchone()
+    assert row is not None
+    return int(row[0]), str(row[1])
+
+
+def _no_reinit_session(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'txrepl-reinit'"
+        ).fetchone()
+    return row is not None and row[0] == 0
+
+
+def _shadows(dsn: str) -> list[str]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'txrepl_shadow'"
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+class Reader(threading.Thread):
+    """Counts ``accounts`` on the target in a loop: every count must be a whole table."""
+
+    def __init__(self, dsn: str) -> None:
+        super().__init__(daemon=True)
+        self.dsn = dsn
+        self.counts: list[int] = []
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.is_set():
+                try:
+                    row = conn.execute("SELECT count(*) FROM accounts").fetchone()
+                    assert row is not None
+                    self.counts.append(int(row[0]))
+                except psycopg.Error as e:
+                    self.errors.append(f"{type(e).__name__}: {e}")
+                time.sleep(0.005)
+
+
+def _wait_equal(src: sqlite3.Connection, dsn: str, timeout: float = 120) -> None:
+    def equal() -> bool:
+        with psycopg.connect(dsn) as dst:
+            try:
+                return w1_checksum(src) == w1_checksum(dst)
+            except psycopg.Error:
+                return False
+
+    try:
+        wait_until(equal, timeout, "PostgreSQL to equal the SQLite source", interval=0.3)
+    except TimeoutError:
+        with psycopg.connect(dsn) as dst:
+            raise AssertionError("\n".join(diff_tables(src, dst, W1_COLUMNS))) from None
+
+
+@pytest.mark.postgres
+@pytest.mark.spark
+def test_pg_target_invalid_then_reinit_killed_twice_then_valid_and_converges(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """Snapshot at start; max_delta → invalid; reinit refused by a view, killed mid-load,
+    killed in its swap; a reader never sees a partial table; reinit → valid → equal."""
+    dsn = pg_server.create_database()
+    pair = Pair(
+        tmp_path,
+        tables=["accounts", "orders"],
+        target_url=dsn,
+        publication_extra={"max_delta": 8},
+        subscription_extra={"initial": "snapshot"},
+    )
+    src = sqlite_source(pair.source_path)
+    w1 = W1(accounts=ACCOUNTS)
+    run_sqlite(src, w1.transactions(21))  # the accounts, then 20 order transactions
+    reader = Reader(dsn)
+    try:
+        pair.start_publisher()
+        sub = pair.start_subscriber()
+        _wait_equal(src, dsn)  # the daemon loaded a snapshot first (initial = "snapshot")
+        assert any("snapshot" in t.reason for t in pair.status().timeline)
+        pair.wait_caught_up(timeout=60)
+
+        # Fall more than max_delta entries behind while paused: invalid on resume.
+        from tests.harness import subscriber_control
+
+        control = subscriber_control(sub.address)
+        from common.rpc import txrepl_pb2 as pb
+
+        control.Pause(pb.SubscriptionRequest(subscription="pub1.shop"), timeout=10)
+        _bursts(src, w1, 12)
+        control.Resume(pb.SubscriptionRequest(subscription="pub1.shop"), timeout=10)
+        wait_until(lambda: pair.status().state == "invalid", 60, "the subscriber to be invalid")
+        assert "max_delta" in pair.status().last_error
+        level0 = _level(dsn)
+        with psycopg.connect(dsn) as conn:
+            before = conn.execute("SELECT count(*) FROM accounts").fetchone()
+        reader.start()
+
+        # Bad input: a view on a replicated table makes the swap impossible → clear error.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE VIEW rich AS SELECT * FROM accounts WHERE balance > 0")
+        proc = _reinit(pair)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 1, out
+        assert b"depend" in out, out
+        assert b"the target is unchanged" in out, out
+        assert b"Traceback" not in out, out
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP VIEW rich")
+        assert _level(dsn) == level0
+
+        # Kill 1: in the middle of the load (after the first 50,000 rows were copied).
+        proc = _reinit(pair)
+        _read_until(proc, b"rows/s", 120)
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(30) == -signal.SIGKILL
+        wait_until(lambda: _no_reinit_session(dsn), 30, "the killed reinit's session to end")
+        assert _level(dsn) == level0
+        assert _shadows(dsn) == []
+
+        # Kill 2: while the swap waits for the lock a reader's transaction holds.
+        with psycopg.connect(dsn) as holder:
+            holder.execute("SELECT count(*) FROM accounts").fetchone()  # opens a transaction
+            proc = _reinit(pair)
+
+            def swap_waiting() -> bool:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    row = conn.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                        " 'txrepl-reinit' AND wait_event_type = 'Lock'"
+                    ).fetchone()
+                return row is not None and row[0] > 0
+
+            wait_until(swap_waiting, 120, "the reinit's swap to wait for the reader's lock")
+            proc.send_signal(signal.SIGKILL)
+            assert proc.wait(30) == -signal.SIGKILL
+            assert proc.stdout is not None
+            proc.stdout.close()
+            holder.rollback()
+        wait_until(lambda: _no_reinit_session(dsn), 30, "the killed reinit's session to end")
+        assert _level(dsn) == level0
+        assert _shadows(dsn) == []
+
+        # Run again, to the end: valid, resumed, converges.
+        proc = _reinit(pair)
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, out
+        assert b"marked sub1 valid" in out, out
+        assert b"resumed pub1.shop" in out, out
+        reader.stop.set()
+        reader.join(10)
+        with psycopg.connect(dsn) as conn:
+            after = conn.execute("SELECT count(*) FROM accounts").fetchone()
+        level, incarnation = _level(dsn)
+        assert level > level0[0]
+        assert incarnation == level0[1]
+        assert before is not None
+        assert after is not None
+        assert reader.counts
+        assert set(reader.counts) <= {before[0], after[0]}, sorted(set(reader.counts))
+        assert reader.errors == []
+        _bursts(src, w1, 2)
+        _wait_equal(src, dsn)
+        wait_until(lambda: pair.status().state == "in_sync", 60, "in sync after reinit")
+        with psycopg.connect(dsn) as conn:
+            pk = conn.execute(
+                "SELECT conname FROM pg_constraint WHERE conrelid = 'accounts'::regclass"
+                " AND contype = 'p'"
+            ).fetchone()
+        assert pk == ("accounts_pkey",)
+    finally:
+        reader.stop.set()
+        pair.stop()
+
+
+def test_snapshot_into_an_unknown_target_kind_is_refused() -> None:
+    with pytest.raises(SnapshotError, match="SQLite file or postgresql"):
+        load_snapshot(
+            address="127.0.0.1:1",
+            publisher="p",
+            publication="x",
+            subscriber="s",
+            subscription="p.x",
+            target="mysql://u@h/db",
+        )
