@@ -10,11 +10,15 @@ columns.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
@@ -24,7 +28,11 @@ if TYPE_CHECKING:
 
 T = pb.ColumnType
 
-__all__ = ["EventBuffer", "net_effect", "net_effect_df"]
+__all__ = ["EMPTY", "EventBuffer", "net_effect", "net_effect_df", "net_effect_positions"]
+
+EMPTY = pb.Value()  # the non-key cells of a delete event: NULL
+_WHICH = methodcaller("WhichOneof", "kind")
+_NULLS = frozenset((None, "null"))
 
 
 class _Mismatch(Exception):
@@ -158,8 +166,88 @@ _TYPED: dict[int, tuple[Callable[[pb.Value], object], pa.DataType]] = {
 }
 
 
-def _column(index: int, column: pb.Column, cells: list[pb.Value | None]) -> tuple[str, pa.Array]:
+# The Value field that holds a column's own kind, for the column-wise fast path.
+_FIELD: dict[int, str] = {
+    T.COLUMN_TYPE_INTEGER: "int",
+    T.COLUMN_TYPE_DECIMAL: "decimal",
+    T.COLUMN_TYPE_FLOAT: "float",
+    T.COLUMN_TYPE_TEXT: "text",
+    T.COLUMN_TYPE_JSON: "json",
+    T.COLUMN_TYPE_BYTES: "blob",
+    T.COLUMN_TYPE_BOOLEAN: "boolean",
+    T.COLUMN_TYPE_DATE: "date",
+    T.COLUMN_TYPE_TIME: "time_us",
+    T.COLUMN_TYPE_TIMESTAMP: "timestamp_us",
+}
+
+# Local times Arrow formats exactly as datetime.isoformat (four-digit years).
+_LOW_US = -30_610_224_000_000_000  # 1000-01-01T00:00
+_HIGH_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999
+_ISO = "%Y-%m-%dT%H:%M:%S"
+
+
+def _offset_text(seconds: int) -> str:
+    """The offset suffix ``datetime.isoformat`` writes (``+00:00``, ``-05:30``, ...)."""
+    zone = dt.timezone(dt.timedelta(seconds=seconds))
+    return dt.datetime(2000, 1, 1, tzinfo=zone).isoformat()[19:]
+
+
+def _timestamptz_column(cells: list[pb.Value]) -> pa.Array | None:
+    """ISO text with offset of non-NULL TIMESTAMPTZ cells, formatted by Arrow.
+
+    Exactly what ``values.decode(v).isoformat()`` gives; None when some value is
+    outside the range where that holds (the per-cell path then decides).
+    """
+    n = len(cells)
+    subs = list(map(attrgetter("timestamptz"), cells))
+    utc = np.fromiter(map(attrgetter("utc_us"), subs), np.int64, n)
+    off = np.fromiter(map(attrgetter("offset_s"), subs), np.int64, n)
+    if n == 0 or np.abs(off).max() >= 86_400:
+        return None
+    if utc.min() < _LOW_US + 86_400_000_000 or utc.max() > _HIGH_US - 86_400_000_000:
+        return None
+    local = utc + off * 1_000_000
+    ts = pa.array(local, pa.timestamp("us"))
+    text = pc.strftime(ts, _ISO)  # seconds with six decimals
+    whole = local % 1_000_000 == 0
+    if whole.any():  # isoformat drops ".000000"
+        secs = pc.strftime(ts.cast(pa.timestamp("s"), safe=False), _ISO)
+        text = pc.if_else(pa.array(whole), secs, text)
+    uniq, inverse = np.unique(off, return_inverse=True)
+    suffix = pa.array([_offset_text(int(o)) for o in uniq], pa.string()).take(
+        pa.array(inverse.astype(np.int64))
+    )
+    out: pa.Array = pc.binary_join_element_wise(text, suffix, "")
+    return out
+
+
+def _fast_column(ctype: int, cells: list[pb.Value]) -> pa.Array | None:
+    """The typed Arrow column when every cell has the column's own kind or is NULL."""
+    kinds = list(map(_WHICH, cells))
+    present = set(kinds)
+    if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
+        return _timestamptz_column(cells) if present == {"timestamptz"} else None
+    fld = _FIELD.get(ctype)
+    if fld is None:
+        return None
+    get = attrgetter(fld)
+    if present == {fld}:
+        data = list(map(get, cells))
+    elif present <= {fld, *_NULLS}:
+        data = [get(c) if k == fld else None for c, k in zip(cells, kinds, strict=True)]
+    else:
+        return None
+    arr = pa.array(data, type=_TYPED[ctype][1])
+    if ctype == T.COLUMN_TYPE_DATE:
+        arr = arr.cast(pa.date32())
+    return arr
+
+
+def _column(index: int, column: pb.Column, cells: list[pb.Value]) -> tuple[str, pa.Array]:
     conv, atype = _TYPED.get(column.type, (_never, pa.binary()))
+    fast = _fast_column(column.type, cells)
+    if fast is not None:
+        return f"c{index}", fast
     try:
         data = [None if c is None else conv(c) for c in cells]
         arr = pa.array(data, type=atype)
@@ -179,22 +267,40 @@ class EventBuffer:
     seqs: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     deletes: list[bool] = field(default_factory=list)
-    rows: list[Sequence[pb.Value | None]] = field(default_factory=list)
+    rows: list[Sequence[pb.Value]] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)  # the RowOp each event came from
     key_index: list[int] = field(init=False)
+    width: int = field(init=False)  # number of schema columns
+    _columns: dict[int, tuple[str, pa.Array]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         names = [c.name for c in self.schema.columns]
         self.key_index = [names.index(k) for k in self.schema.primary_key]
+        self.width = len(names)
 
-    def add(
-        self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value | None], op: int = 0
-    ) -> None:
+    def add(self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value], op: int = 0) -> None:
         self.seqs.append(seq)
         self.positions.append(pos)
         self.deletes.append(delete)
         self.rows.append(row)
         self.ops.append(op)
+
+    def column(self, i: int) -> tuple[str, pa.Array]:
+        """Schema column ``i`` of the events: its name (``c{i}`` or ``v{i}``) and array."""
+        got = self._columns.get(i)
+        if got is None:
+            got = self._columns[i] = _column(i, self.schema.columns[i], [r[i] for r in self.rows])
+        return got
+
+    def keys_table(self) -> pa.Table:
+        """``_pos`` and the key columns (named ``c{i}``/``v{i}``) of the events."""
+        arrays = [pa.array(self.positions, type=pa.int64())]
+        names = ["_pos"]
+        for i in self.key_index:
+            name, arr = self.column(i)
+            names.append(name)
+            arrays.append(arr)
+        return pa.Table.from_arrays(arrays, names=names)
 
     def to_arrow(self) -> pa.Table:
         arrays: list[pa.Array] = [
@@ -203,8 +309,8 @@ class EventBuffer:
             pa.array(self.deletes, type=pa.bool_()),
         ]
         names = ["_seq", "_pos", "_del"]
-        for i, col in enumerate(self.schema.columns):
-            name, arr = _column(i, col, [r[i] for r in self.rows])
+        for i in range(len(self.schema.columns)):
+            name, arr = self.column(i)
             names.append(name)
             arrays.append(arr)
         # Last, so that schema column i stays at position 3 + i.
@@ -226,3 +332,38 @@ def net_effect(spark: SparkSession, events: pa.Table, key_columns: Sequence[str]
     """Keep, per primary key, only the last event in (_seq, _pos) order (Spark job)."""
     out: pa.Table = net_effect_df(spark.createDataFrame(events), key_columns).toArrow()
     return out
+
+
+def net_effect_positions(spark: SparkSession, segments: Sequence[pa.Table]) -> list[np.ndarray]:
+    """Per segment, the sorted ``_pos`` of the last event of each key (ONE Spark job).
+
+    ``segments`` are :meth:`EventBuffer.keys_table` tables.  They go to Spark as
+    one DataFrame: ``_s`` (the segment's index), ``_pos``, and the key columns,
+    named by key position and Arrow type so that segments whose keys have the same
+    shape share columns (the others are NULL there); Spark groups by ``_s`` and
+    the key columns and keeps ``max(_pos)``.
+    """
+    from pyspark.sql import functions as F
+
+    parts: list[pa.Table] = []
+    key_names: dict[str, None] = {}
+    for s, keys in enumerate(segments):
+        arrays = [pa.array(np.full(keys.num_rows, s, np.int32)), keys.column("_pos")]
+        names = ["_s", "_pos"]
+        for j, col in enumerate(keys.columns[1:]):
+            name = f"k{j}_{col.type}".replace(" ", "_")
+            for bad in "[]<>(),:=":
+                name = name.replace(bad, "_")
+            names.append(name)
+            key_names[name] = None
+            arrays.append(col)
+        parts.append(pa.Table.from_arrays(arrays, names=names))
+    events = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    df = spark.createDataFrame(events)
+    last: pa.Table = df.groupBy("_s", *key_names).agg(F.max("_pos").alias("_pos")).toArrow()
+    seg = last.column("_s").to_numpy()
+    pos = last.column("_pos").to_numpy()
+    order = np.lexsort((pos, seg))
+    seg, pos = seg[order], pos[order]
+    bounds = np.searchsorted(seg, np.arange(len(segments) + 1))
+    return [pos[bounds[s] : bounds[s + 1]] for s in range(len(segments))]

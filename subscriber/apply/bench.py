@@ -65,6 +65,113 @@ def _entry(seq: int, rows: int, keys: int) -> pb.Entry:
     return pb.Entry(commit_time_us=seq, ops=ops)
 
 
+W1_SCHEMAS = [
+    pb.TableSchema(
+        table="accounts",
+        columns=[
+            pb.Column(name="id", type=T.COLUMN_TYPE_INTEGER),
+            pb.Column(name="owner", type=T.COLUMN_TYPE_TEXT),
+            pb.Column(name="balance", type=T.COLUMN_TYPE_INTEGER),
+            pb.Column(name="updated_at", type=T.COLUMN_TYPE_TIMESTAMPTZ),
+        ],
+        primary_key=["id"],
+    ),
+    pb.TableSchema(
+        table="orders",
+        columns=[
+            pb.Column(name="id", type=T.COLUMN_TYPE_INTEGER),
+            pb.Column(name="account_id", type=T.COLUMN_TYPE_INTEGER),
+            pb.Column(name="amount", type=T.COLUMN_TYPE_DECIMAL, precision=12, scale=2),
+            pb.Column(name="status", type=T.COLUMN_TYPE_TEXT),
+            pb.Column(name="note", type=T.COLUMN_TYPE_TEXT, nullable=True),
+        ],
+        primary_key=["id"],
+    ),
+]
+
+
+def w1_entries(transactions: int, *, seed: int = 42) -> list[pb.Entry]:
+    """Entries shaped like workload W1 (../shared/bench/W1.md), one per transaction.
+
+    Transaction 0 inserts 10,000 accounts; each next one inserts an order, updates its
+    account (balance, updated_at), ships an earlier order with probability 0.2 and
+    deletes one with probability 0.05.  Updates carry the key, as captures send it.
+    The schema ops are not included (see :data:`W1_SCHEMAS`).
+    """
+    import random
+    import string
+
+    rng = random.Random(seed)
+    now = 1_790_000_000_000_000
+
+    def ts(i: int) -> pb.Value:
+        return pb.Value(timestamptz=pb.TimestampTz(utc_us=now + i * 997, offset_s=0))
+
+    def row(
+        table: str, op: pb.RowOp.ValueType, cells: list[pb.Value], key: int | None = None
+    ) -> pb.Op:
+        keys = [pb.Value(int=key)] if key is not None else []
+        return pb.Op(row=pb.RowChange(table=table, op=op, key=keys, row=cells))
+
+    balances = [0] * 10_001
+    first = [
+        row(
+            "accounts",
+            pb.ROW_OP_INSERT,
+            [pb.Value(int=a), pb.Value(text=f"owner-{a}"), pb.Value(int=0), ts(0)],
+        )
+        for a in range(1, 10_001)
+    ]
+    entries = [pb.Entry(commit_time_us=now, ops=first)]
+    live: list[int] = []
+    orders: dict[int, list[pb.Value]] = {}
+    for i in range(1, transactions):
+        account = rng.randint(1, 10_000)
+        cents = rng.randint(100, 50_000)
+        note = "".join(rng.choices(string.ascii_lowercase, k=40))
+        cells = [
+            pb.Value(int=i),
+            pb.Value(int=account),
+            pb.Value(decimal=f"{cents // 100}.{cents % 100:02d}"),
+            pb.Value(text="new"),
+            pb.Value(text=note),
+        ]
+        orders[i] = cells
+        ops = [row("orders", pb.ROW_OP_INSERT, cells)]
+        balances[account] += cents
+        ops.append(
+            row(
+                "accounts",
+                pb.ROW_OP_UPDATE,
+                [
+                    pb.Value(int=account),
+                    pb.Value(text=f"owner-{account}"),
+                    pb.Value(int=balances[account]),
+                    ts(i),
+                ],
+                account,
+            )
+        )
+        if rng.random() < 0.2 and live:
+            pick = live[rng.randrange(len(live))]
+            shipped = [*orders[pick][:3], pb.Value(text="shipped"), orders[pick][4]]
+            orders[pick] = shipped
+            ops.append(row("orders", pb.ROW_OP_UPDATE, shipped, pick))
+        if rng.random() < 0.05 and live:
+            at = rng.randrange(len(live))
+            pick = live[at]
+            live[at] = live[-1]
+            live.pop()
+            ops.append(
+                pb.Op(
+                    row=pb.RowChange(table="orders", op=pb.ROW_OP_DELETE, key=[pb.Value(int=pick)])
+                )
+            )
+        live.append(i)
+        entries.append(pb.Entry(commit_time_us=now + i, ops=ops))
+    return entries
+
+
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process, in seconds (0 if it is gone)."""
     try:

@@ -12,14 +12,22 @@ Algorithm, for a batch ``(first_seq, entries)``; entry ``i`` has seq ``first_seq
    INSERT -> upsert(row); DELETE -> delete(key);
    UPDATE -> upsert(row), preceded by delete(old key) when the key changed
    (a key change is a delete of the old key plus an insert of the new one).
-3. **Net effect (Spark).**  Per table and segment, the events go to Spark as one
-   Arrow table (``createDataFrame(pyarrow.Table)``); a window over the primary key
-   ordered by ``(_seq, _pos)`` descending keeps ``row_number() = 1``: the last
-   event per key wins.  ``toArrow()`` brings the survivors back; ``_del`` splits
-   them into deletes and upserts.  This is correct because, within a segment, the
-   state of a key after all its events depends only on its last event (an upsert
-   writes the whole row, a delete removes it), and events of different keys
-   commute.  Barriers are never reordered with the rows around them.
+3. **Net effect (Spark).**  The last event per key and segment wins.  For the
+   plain tables of the batch, ONE Spark job computes it: the key columns and
+   ``_pos`` of every segment go to Spark as one Arrow table
+   (``createDataFrame(pyarrow.Table)``, ``_s`` numbering the segment), which
+   groups by ``(_s, key)`` and keeps ``max(_pos)`` (``_pos`` increases in op
+   order, so it orders events exactly as ``(_seq, _pos)``); ``toArrow()`` brings
+   the winning positions back, and the surviving events are taken from the
+   segments' Arrow event tables by position; ``_del`` splits them into deletes
+   and upserts.  While Spark computes, this thread decodes the other columns
+   (Spark runs in the JVM, so the two overlap on two cores).  Tables with
+   transforms or history send their whole event table to Spark (a window over
+   the key ordered by ``(_seq, _pos)`` descending, ``row_number() = 1``, then
+   Spark SQL).  This is correct because, within a segment, the state of a key
+   after all its events depends only on its last event (an upsert writes the
+   whole row, a delete removes it), and events of different keys commute.
+   Barriers are never reordered with the rows around them.
 4. **Write.**  The writer runs, in ONE target transaction: re-read the level row
    under the target's write lock and refuse unless ``level + 1 == first_seq`` (and
    the incarnation matches), then each step in order (DDL, deletes, then upserts
@@ -52,14 +60,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._events import EventBuffer, net_effect, net_effect_df
+from subscriber.apply._events import (
+    EMPTY,
+    EventBuffer,
+    net_effect,
+    net_effect_df,
+    net_effect_positions,
+)
 from subscriber.apply._shape import history_versions, shaped_rows, target_schema
 from subscriber.apply.errors import (
     ApplyError,
@@ -125,6 +141,7 @@ class Applier:
         self._state: SubscriptionState | None = None
         self._sleep = sleep
         self._shapes: dict[tuple[str, bytes], tuple[pb.TableSchema, list[tuple[str, str]]]] = {}
+        self._spark_thread: ThreadPoolExecutor | None = None  # the net-effect job
         self.options = ApplyOptions()
         self.configure(options or ApplyOptions())
 
@@ -278,8 +295,9 @@ class Applier:
         self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
     ) -> tuple[list[Step], int]:
         """Split the batch into steps; ``schemas`` is updated as schema ops pass."""
-        steps: list[Step] = []
+        steps: list[Step | None] = []
         segment: dict[str, EventBuffer] = {}
+        plain: list[tuple[int, EventBuffer]] = []  # (step index, events): one Spark job
         pos = 0
         rows = 0
 
@@ -287,7 +305,12 @@ class Applier:
 
         def flush() -> None:
             for buf in segment.values():
-                steps.append(self._rows_step(buf, first_seq, commit_times))
+                opts = self.options.tables.get(buf.schema.table)
+                if opts is None or not (opts.history or opts.transforms):
+                    plain.append((len(steps), buf))
+                    steps.append(None)  # filled in after the batch's net-effect job
+                else:
+                    steps.append(self._rows_step(buf, first_seq, commit_times))
             segment.clear()
 
         for i, entry in enumerate(entries):
@@ -296,7 +319,21 @@ class Applier:
                 kind = op.WhichOneof("kind")
                 if kind == "row":
                     change = op.row
-                    if change.op == _TRUNCATE:
+                    cop = change.op
+                    if cop == _INSERT:  # the common case, inlined
+                        buf = segment.get(change.table)
+                        if buf is not None:
+                            row = change.row
+                            if len(row) == buf.width:
+                                buf.seqs.append(seq)
+                                buf.positions.append(pos)
+                                buf.deletes.append(False)
+                                buf.rows.append(row)
+                                buf.ops.append(_INSERT)
+                                pos += 1
+                                rows += 1
+                                continue
+                    if cop == _TRUNCATE:
                         if change.table not in schemas:
                             raise self._unknown(change.table, seq)
                         flush()
@@ -330,7 +367,40 @@ class Applier:
                         "entry holds an empty op", subscription=self.subscription, seq=seq
                     )
         flush()
-        return steps, rows
+        if plain:
+            self._plain_steps(steps, plain, first_seq)
+        assert None not in steps
+        return steps, rows  # type: ignore[return-value]
+
+    def _plain_steps(
+        self, steps: list[Step | None], plain: list[tuple[int, EventBuffer]], first_seq: int
+    ) -> None:
+        """Net effect of the plain segments: one Spark job, overlapped with decoding.
+
+        The key columns are decoded first and handed to Spark in a worker thread;
+        this thread decodes the other columns meanwhile, then takes the surviving
+        events by position.
+        """
+        keys = [buf.keys_table() for _, buf in plain]
+        if self._spark_thread is None:
+            self._spark_thread = ThreadPoolExecutor(1, thread_name_prefix="txrepl-net-effect")
+        job: Future[list[np.ndarray]] = self._spark_thread.submit(
+            net_effect_positions, self._spark, keys
+        )
+        try:
+            tables = [buf.to_arrow() for _, buf in plain]
+        finally:
+            winners = job.result()  # waits even when decoding failed: no job left behind
+        for (n, buf), events, last in zip(plain, tables, winners, strict=True):
+            at = np.searchsorted(np.asarray(buf.positions, np.int64), last)
+            survivors = events.take(pa.array(at, pa.int64()))
+            flags = survivors.column("_del")
+            shaped = self._shape(buf.schema, first_seq)  # a renamed target table
+            steps[n] = RowsStep(
+                shaped[0] if shaped else buf.schema,
+                survivors.filter(flags),
+                survivors.filter(pc.invert(flags)),
+            )
 
     def _unknown(self, table: str, seq: int) -> SchemaError:
         return SchemaError(
@@ -393,12 +463,12 @@ class Applier:
 
     def _key_row(
         self, buf: EventBuffer, key: list[pb.Value], seq: int, change: pb.RowChange
-    ) -> list[pb.Value | None]:
+    ) -> list[pb.Value]:
         if len(key) != len(buf.key_index):
             raise self._bad(
                 f"key has {len(key)} values, the primary key {len(buf.key_index)}", seq, change
             )
-        cells: list[pb.Value | None] = [None] * len(buf.schema.columns)
+        cells: list[pb.Value] = [EMPTY] * len(buf.schema.columns)
         for idx, value in zip(buf.key_index, key, strict=True):
             cells[idx] = value
         return cells
