@@ -22,15 +22,15 @@ import pyarrow.compute as pc
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._wire import decode_column
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 T = pb.ColumnType
 
-__all__ = ["EMPTY", "EventBuffer", "net_effect", "net_effect_df", "net_effect_positions"]
+__all__ = ["EventBuffer", "net_effect", "net_effect_df", "net_effect_positions"]
 
-EMPTY = pb.Value()  # the non-key cells of a delete event: NULL
 _WHICH = methodcaller("WhichOneof", "kind")
 _NULLS = frozenset((None, "null"))
 
@@ -193,16 +193,21 @@ def _offset_text(seconds: int) -> str:
 
 
 def _timestamptz_column(cells: list[pb.Value]) -> pa.Array | None:
-    """ISO text with offset of non-NULL TIMESTAMPTZ cells, formatted by Arrow.
-
-    Exactly what ``values.decode(v).isoformat()`` gives; None when some value is
-    outside the range where that holds (the per-cell path then decides).
-    """
+    """ISO text with offset of non-NULL TIMESTAMPTZ cells (see :func:`tz_text`)."""
     n = len(cells)
     subs = list(map(attrgetter("timestamptz"), cells))
     utc = np.fromiter(map(attrgetter("utc_us"), subs), np.int64, n)
     off = np.fromiter(map(attrgetter("offset_s"), subs), np.int64, n)
-    if n == 0 or np.abs(off).max() >= 86_400:
+    return tz_text(utc, off)
+
+
+def tz_text(utc: np.ndarray, off: np.ndarray) -> pa.Array | None:
+    """TIMESTAMPTZ values as ISO text with their offset, formatted by Arrow.
+
+    Exactly what ``values.decode(v).isoformat()`` gives; None when some value is
+    outside the range where that holds (the per-cell path then decides).
+    """
+    if utc.size == 0 or np.abs(off).max() >= 86_400:
         return None
     if utc.min() < _LOW_US + 86_400_000_000 or utc.max() > _HIGH_US - 86_400_000_000:
         return None
@@ -259,15 +264,34 @@ def _column(index: int, column: pb.Column, cells: list[pb.Value]) -> tuple[str, 
         return f"v{index}", pa.array(blobs, type=pa.binary())
 
 
+def _wire_column(index: int, column: pb.Column, cells: list[bytes]) -> tuple[str, pa.Array]:
+    """Column ``index`` of serialized ``Value`` cells: decoded by numpy when it can be."""
+    got = decode_column(column.type, cells)
+    if got is not None:
+        arr, valid = got
+        if column.type != T.COLUMN_TYPE_TIMESTAMPTZ:
+            return f"c{index}", arr
+        text = tz_text(arr.field(0).to_numpy(), arr.field(1).to_numpy())
+        if text is not None:
+            if not valid.all():
+                text = pc.if_else(pa.array(valid), text, pa.scalar(None, pa.string()))
+            return f"c{index}", text
+    return _column(index, column, [pb.Value.FromString(b) for b in cells])
+
+
 @dataclass
 class EventBuffer:
-    """The events of one table within one segment, in arrival order."""
+    """The events of one table within one segment, in arrival order.
+
+    ``cells`` holds the events' rows flat, ``width`` serialized ``Value`` cells per
+    event (``b""``, NULL, for the non-key cells of a delete).
+    """
 
     schema: pb.TableSchema
     seqs: list[int] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     deletes: list[bool] = field(default_factory=list)
-    rows: list[Sequence[pb.Value]] = field(default_factory=list)
+    cells: list[bytes] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)  # the RowOp each event came from
     key_index: list[int] = field(init=False)
     width: int = field(init=False)  # number of schema columns
@@ -278,18 +302,19 @@ class EventBuffer:
         self.key_index = [names.index(k) for k in self.schema.primary_key]
         self.width = len(names)
 
-    def add(self, seq: int, pos: int, delete: bool, row: Sequence[pb.Value], op: int = 0) -> None:
+    def add(self, seq: int, pos: int, delete: bool, row: Sequence[bytes], op: int = 0) -> None:
         self.seqs.append(seq)
         self.positions.append(pos)
         self.deletes.append(delete)
-        self.rows.append(row)
+        self.cells.extend(row)
         self.ops.append(op)
 
     def column(self, i: int) -> tuple[str, pa.Array]:
         """Schema column ``i`` of the events: its name (``c{i}`` or ``v{i}``) and array."""
         got = self._columns.get(i)
         if got is None:
-            got = self._columns[i] = _column(i, self.schema.columns[i], [r[i] for r in self.rows])
+            col = self.schema.columns[i]
+            got = self._columns[i] = _wire_column(i, col, self.cells[i :: self.width])
         return got
 
     def keys_table(self) -> pa.Table:
@@ -309,7 +334,7 @@ class EventBuffer:
             pa.array(self.deletes, type=pa.bool_()),
         ]
         names = ["_seq", "_pos", "_del"]
-        for i in range(len(self.schema.columns)):
+        for i in range(self.width):
             name, arr = self.column(i)
             names.append(name)
             arrays.append(arr)

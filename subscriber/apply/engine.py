@@ -70,13 +70,13 @@ import pyarrow.compute as pc
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import (
-    EMPTY,
     EventBuffer,
     net_effect,
     net_effect_df,
     net_effect_positions,
 )
 from subscriber.apply._shape import history_versions, shaped_rows, target_schema
+from subscriber.apply._wire import shadow
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -313,26 +313,26 @@ class Applier:
                     steps.append(self._rows_step(buf, first_seq, commit_times))
             segment.clear()
 
-        for i, entry in enumerate(entries):
+        # Row values stay serialized: they are decoded column-wise (_wire.py).
+        for i, entry in enumerate(map(shadow, entries)):
             seq = first_seq + i
             for op in entry.ops:
                 kind = op.WhichOneof("kind")
                 if kind == "row":
                     change = op.row
                     cop = change.op
-                    if cop == _INSERT:  # the common case, inlined
-                        buf = segment.get(change.table)
-                        if buf is not None:
-                            row = change.row
-                            if len(row) == buf.width:
-                                buf.seqs.append(seq)
-                                buf.positions.append(pos)
-                                buf.deletes.append(False)
-                                buf.rows.append(row)
-                                buf.ops.append(_INSERT)
-                                pos += 1
-                                rows += 1
-                                continue
+                    buf = segment.get(change.table)
+                    if buf is not None and cop == _INSERT:  # the common case, inlined
+                        row = change.row
+                        if len(row) == buf.width:
+                            buf.seqs.append(seq)
+                            buf.positions.append(pos)
+                            buf.deletes.append(False)
+                            buf.cells.extend(row)
+                            buf.ops.append(_INSERT)
+                            pos += 1
+                            rows += 1
+                            continue
                     if cop == _TRUNCATE:
                         if change.table not in schemas:
                             raise self._unknown(change.table, seq)
@@ -341,7 +341,6 @@ class Applier:
                         steps.append(TruncateStep((opts and opts.target) or change.table))
                         rows += 1
                         continue
-                    buf = segment.get(change.table)
                     if buf is None:
                         schema = schemas.get(change.table)
                         if schema is None:
@@ -351,17 +350,19 @@ class Applier:
                     rows += 1
                 elif kind == "schema":
                     flush()
-                    self._check_schema(op.schema, seq)
-                    previous = schemas.get(op.schema.table)
-                    schemas[op.schema.table] = op.schema
-                    shaped = self._shape(op.schema, seq)
-                    steps.append(SchemaStep(op.schema, previous, shaped[0] if shaped else None))
+                    schema_op = pb.TableSchema.FromString(op.schema)
+                    self._check_schema(schema_op, seq)
+                    previous = schemas.get(schema_op.table)
+                    schemas[schema_op.table] = schema_op
+                    shaped = self._shape(schema_op, seq)
+                    steps.append(SchemaStep(schema_op, previous, shaped[0] if shaped else None))
                 elif kind == "sql":
                     flush()
-                    steps.append(SqlStep(op.sql.sql))
+                    steps.append(SqlStep(pb.SqlStatement.FromString(op.sql).sql))
                 elif kind == "call":
                     flush()
-                    steps.append(CallStep(op.call.name, list(op.call.args)))
+                    call = pb.ProcedureCall.FromString(op.call)
+                    steps.append(CallStep(call.name, list(call.args)))
                 else:
                     raise ApplyError(
                         "entry holds an empty op", subscription=self.subscription, seq=seq
@@ -435,16 +436,18 @@ class Applier:
                 table=schema.table,
             )
 
-    def _events(self, buf: EventBuffer, seq: int, pos: int, change: pb.RowChange) -> int:
-        """Append the events of one row change; return the next free position."""
+    def _events(self, buf: EventBuffer, seq: int, pos: int, change: Any) -> int:
+        """Append the events of one row change (an ``SRow``); return the next free position.
+
+        Values are serialized ``Value`` bytes here: an update's key changed when its
+        serialized key differs from the key cells of its row.
+        """
         op = change.op
         if op in (_INSERT, _UPDATE):
             row = change.row
-            if len(row) != len(buf.schema.columns):
+            if len(row) != buf.width:
                 raise self._bad(
-                    f"row has {len(row)} values, the table {len(buf.schema.columns)} columns",
-                    seq,
-                    change,
+                    f"row has {len(row)} values, the table {buf.width} columns", seq, change
                 )
             if op == _UPDATE and change.key:
                 old = list(change.key)
@@ -458,17 +461,15 @@ class Applier:
             return pos + 1
         raise self._bad(f"unknown row op {op}", seq, change)
 
-    def _bad(self, what: str, seq: int, change: pb.RowChange) -> SchemaError:
+    def _bad(self, what: str, seq: int, change: Any) -> SchemaError:
         return SchemaError(what, subscription=self.subscription, seq=seq, table=change.table)
 
-    def _key_row(
-        self, buf: EventBuffer, key: list[pb.Value], seq: int, change: pb.RowChange
-    ) -> list[pb.Value]:
+    def _key_row(self, buf: EventBuffer, key: list[bytes], seq: int, change: Any) -> list[bytes]:
         if len(key) != len(buf.key_index):
             raise self._bad(
                 f"key has {len(key)} values, the primary key {len(buf.key_index)}", seq, change
             )
-        cells: list[pb.Value] = [EMPTY] * len(buf.schema.columns)
+        cells = [b""] * buf.width  # NULL
         for idx, value in zip(buf.key_index, key, strict=True):
             cells[idx] = value
         return cells
