@@ -5,7 +5,24 @@ columns ``_seq`` (int64), ``_pos`` (int64, the event's position in the batch,
 increasing in op order), ``_del`` (bool), then one column per schema column named
 as described in :mod:`subscriber.apply.writer`, then ``_op`` (int8, the RowOp the
 event came from; history mode records it).  A delete event fills only the key
-columns.
+columns (its other cells are NULL).
+
+Decoding is column-wise: the events keep their cells as serialized ``Value``
+bytes (:mod:`subscriber.apply._wire`), and a column is decoded at once by numpy
+when all its cells have the column's own kind or are NULL.  Otherwise the cells
+are parsed as ``Value`` objects and converted per column (one C-level ``map``
+when the kinds allow, TIMESTAMPTZ text formatted by Arrow) or per cell; the
+per-cell conversions below define the semantics (a decimal sent as an int, JSON
+sent as text, a value of the wrong kind: a variant column), and
+``tests/unit/test_apply_wire.py`` checks the fast paths against them.
+
+Net effect of plain tables (:func:`net_effect_positions`): Spark receives only the
+key columns and ``_pos`` of every segment of the batch, in ONE DataFrame (``_s``
+numbers the segment), and returns the position of the last event per
+``(_s, key)`` (``max(_pos)``: ``_pos`` increases batch-wide in op order, so it
+orders events exactly as ``(_seq, _pos)`` does).  The surviving events are then
+taken from the Arrow event tables by position.  Tables with transforms or history
+send their whole event table (:func:`net_effect_df`).
 """
 
 from __future__ import annotations
