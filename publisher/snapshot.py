@@ -21,25 +21,95 @@ them only from S + 1 on).
 
 from __future__ import annotations
 
+import datetime as dt
 import sqlite3
 import time
-from collections.abc import Generator, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode
+from common.values import _natural, _to_datetime, _to_decimal, encode
 from publisher.capture.sqlite import SqliteCapture, _q
 from publisher.capture.thread import CaptureThread
 from publisher.publication import Publication
 
-__all__ = ["SnapshotSource"]
+__all__ = ["SnapshotSource", "value_writer"]
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_CHUNK_ROWS = 5000
 MAX_CHUNK_ROWS = 100_000
+
+
+_INTEGER = pb.COLUMN_TYPE_INTEGER
+_FLOAT = pb.COLUMN_TYPE_FLOAT
+_TEXT = pb.COLUMN_TYPE_TEXT
+_DECIMAL = pb.COLUMN_TYPE_DECIMAL
+_TIMESTAMP = pb.COLUMN_TYPE_TIMESTAMP
+_TIMESTAMPTZ = pb.COLUMN_TYPE_TIMESTAMPTZ
+
+
+def value_writer(ctype: int, scale: int) -> Callable[[pb.Value, object], None]:
+    """``write(out, v)``: set ``out`` to exactly what ``encode(v, ctype, scale)`` returns.
+
+    The snapshot's hot loop: the common cases are set in place (no Value built and
+    copied, no walk through every logical type); anything else goes through
+    :func:`common.values.encode` itself.
+    """
+
+    def generic(out: pb.Value, v: object) -> None:
+        out.CopyFrom(encode(v, ctype, scale))
+
+    if ctype in (_INTEGER, _FLOAT, _TEXT):
+        exact, field = (
+            (int, "int")
+            if ctype == _INTEGER
+            else (float, "float")
+            if ctype == _FLOAT
+            else (str, "text")
+        )
+
+        def simple(out: pb.Value, v: object) -> None:
+            if type(v) is exact:
+                setattr(out, field, v)
+            elif v is None:
+                out.null = True
+            else:
+                generic(out, v)
+
+        return simple
+    if ctype == _DECIMAL:
+
+        def dec(out: pb.Value, v: object) -> None:
+            if v is None:
+                out.null = True
+                return
+            d = _to_decimal(v, scale)
+            if d is None:
+                generic(out, v)
+            else:
+                out.decimal = str(d)
+
+        return dec
+    if ctype in (_TIMESTAMP, _TIMESTAMPTZ):
+        zoned = ctype == _TIMESTAMPTZ
+
+        def stamp(out: pb.Value, v: object) -> None:
+            if v is None:
+                out.null = True
+                return
+            ts = _to_datetime(v)
+            if ts is None:
+                generic(out, v)
+                return
+            if zoned and ts.tzinfo is None:
+                ts = ts.replace(tzinfo=dt.UTC)
+            _natural(ts, out)
+
+        return stamp
+    return generic
 
 
 @dataclass
@@ -69,7 +139,7 @@ class SnapshotSource:
             yield start
             total = 0
             for schema in schemas:
-                types = [(c.type, c.scale) for c in schema.columns]
+                writers = [value_writer(c.type, c.scale) for c in schema.columns]
                 cols = ", ".join(_q(c.name) for c in schema.columns)
                 cur = conn.execute(f"SELECT {cols} FROM {_q(schema.table)}")
                 while True:
@@ -78,11 +148,11 @@ class SnapshotSource:
                         break
                     chunk = pb.SnapshotChunk()
                     chunk.rows.table = schema.table
+                    add = chunk.rows.rows.add
                     for row in rows:
-                        r = chunk.rows.rows.add()
-                        r.values.extend(
-                            encode(v, t, s) for v, (t, s) in zip(row, types, strict=True)
-                        )
+                        values = add().values
+                        for write, v in zip(writers, row, strict=True):
+                            write(values.add(), v)
                     total += len(rows)
                     yield chunk
             end = pb.SnapshotChunk()

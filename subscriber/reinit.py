@@ -259,6 +259,25 @@ def _check_publisher(start: pb.SnapshotStart, publisher: str) -> None:
         )
 
 
+# Value kinds whose field is already what COPY's text form needs (a decimal as its
+# canonical text: PostgreSQL parses it by the column's type, exactly).
+_AS_IS = frozenset({"int", "float", "text", "blob", "boolean", "json", "decimal"})
+
+
+def _pg_row(values: Any) -> list[object]:
+    """A snapshot row as values for ``Copy.write_row`` (the load's hot loop)."""
+    out: list[object] = []
+    for v in values:
+        kind = v.WhichOneof("kind")
+        if kind in _AS_IS:
+            out.append(getattr(v, kind))
+        elif kind is None or kind == "null":
+            out.append(None)
+        else:
+            out.append(decode(v))
+    return out
+
+
 def _load_postgres(
     *,
     address: str,
@@ -335,7 +354,7 @@ def _load_postgres(
                             f"snapshot row of {table!r} has {len(r.values)} values,"
                             f" the table {width} columns"
                         )
-                    buf.append([decode(v) for v in r.values])
+                    buf.append(_pg_row(r.values))
                 if len(buf) >= FLUSH_ROWS:
                     flush(table)
             elif kind == "end":

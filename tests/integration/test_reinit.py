@@ -38,8 +38,10 @@ def test_invalid_by_max_delta_then_reinit_then_valid_and_converges(tmp_path: Pat
     src = ledger_source(pair.source_path)
     try:
         pair.start_publisher()
-        nxt = bursts(src, 1, 2)
+        # Connect first: the bursts may log up to one entry per transaction, and a
+        # first Hello more than max_delta behind would already be refused.
         sub = pair.start_subscriber()
+        nxt = bursts(src, 1, 2)
         pair.wait_caught_up(timeout=120)
         sub.stop()
         nxt = bursts(src, nxt, 12)  # > max_delta entries behind
