@@ -253,8 +253,10 @@ class Publisher:
         )
         self.feeds = feeds
         snapshots = (
-            SnapshotSource(cfg.server_name, self.capture, self.publications)
-            if self.capture is not None
+            SnapshotSource(
+                cfg.server_name, self.capture, self.publications, pg_capture=self.pg_capture
+            )
+            if self.capture is not None or self.pg_capture is not None
             else None
         )
         replication = ReplicationService(feeds, self.publications, snapshots)
@@ -282,6 +284,8 @@ class Publisher:
                 self.pg_capture, list(self.publications.values())
             )
             self.capture_thread.start()
+            if snapshots is not None:
+                snapshots.pg_running = True
         if cfg.metrics_listen:
             registry = metrics.new_registry()
             registry.register(PublisherCollector(self))

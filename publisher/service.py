@@ -42,10 +42,11 @@ class ReplicationService(rpc.ReplicationServicer):
         context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
     ) -> AsyncIterator[pb.SnapshotChunk]:
         pub = await _publication(self.publications, request.publication, context)
-        if self.snapshots is None or self.snapshots.capture_thread is None:
+        if self.snapshots is None or not self.snapshots.ready:
             await context.abort(
-                grpc.StatusCode.UNIMPLEMENTED,
-                "snapshots are available for SQLite sources only in this version",
+                grpc.StatusCode.UNAVAILABLE,
+                "snapshots need a running capture (a SQLite or PostgreSQL source);"
+                " this publisher has none running",
             )
         assert self.snapshots is not None
         log.info("snapshot requested", publication=pub.name, subscriber=request.subscriber)

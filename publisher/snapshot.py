@@ -14,6 +14,18 @@ SQLite source — how S is made exact:
    from the still-open read transaction: their content is exactly the state as
    of S.
 
+PostgreSQL source (publisher/capture/postgres.py has the argument in full):
+
+1. Create a temporary logical slot with an exported snapshot; its consistent
+   point ``C`` splits the source's transactions: commit LSN ``< C`` visible in
+   the snapshot, ``>= C`` not.
+2. Import the snapshot in a REPEATABLE READ transaction (shapes, row counts),
+   then wait until the capture stream reaches ``C``: S = the highest seq whose
+   entry's position (its commit LSN) is ``< C``.
+3. Stream each table under the same snapshot (``COPY ... TO STDOUT``, one
+   connection per table, each importing the snapshot while the slot's
+   connection still holds it), then drop the temporary slot.
+
 Entries appended through ``Publish`` carry application data, not source tables:
 they are not part of a snapshot (a subscriber re-initialised from a snapshot gets
 them only from S + 1 on).
@@ -21,6 +33,7 @@ them only from S + 1 on).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sqlite3
 import time
@@ -28,11 +41,14 @@ from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass
 
 import structlog
+from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import _natural, _to_datetime, _to_decimal, encode
+from publisher.capture.postgres import PostgresCapture
 from publisher.capture.sqlite import SqliteCapture, _q
 from publisher.capture.thread import CaptureThread
+from publisher.errors import SourceError
 from publisher.publication import Publication
 
 __all__ = ["SnapshotSource", "value_writer"]
@@ -115,13 +131,24 @@ def value_writer(ctype: int, scale: int) -> Callable[[pb.Value, object], None]:
 @dataclass
 class SnapshotSource:
     server_name: str
-    capture: SqliteCapture
+    capture: SqliteCapture | None
     publications: Mapping[str, Publication]
     capture_thread: CaptureThread | None = None
+    pg_capture: PostgresCapture | None = None
+    pg_running: bool = False  # set once PostgreSQL capture streams
+    position_timeout_s: float = 60.0
+
+    @property
+    def ready(self) -> bool:
+        return self.capture_thread is not None or (self.pg_capture is not None and self.pg_running)
 
     def stream(self, pub: Publication, chunk_rows: int) -> Generator[pb.SnapshotChunk, None, None]:
         """Yield SnapshotStart, SnapshotRows..., SnapshotEnd (blocking; run in a thread)."""
         chunk_rows = min(MAX_CHUNK_ROWS, chunk_rows or DEFAULT_CHUNK_ROWS)
+        if self.pg_capture is not None:
+            yield from self._stream_pg(self.pg_capture, pub, chunk_rows)
+            return
+        assert self.capture is not None
         started = time.monotonic()
         # Consumed chunk by chunk from worker threads, one at a time: never concurrently.
         conn = sqlite3.connect(
@@ -171,12 +198,80 @@ class SnapshotSource:
                 conn.execute("ROLLBACK")
             conn.close()
 
+    def _stream_pg(
+        self, cap: PostgresCapture, pub: Publication, chunk_rows: int
+    ) -> Generator[pb.SnapshotChunk, None, None]:
+        """Steps 1-3 of the PostgreSQL part of the module docstring."""
+        import psycopg
+
+        from publisher.capture._pgtypes import SESSION_GUCS, to_value
+
+        started = time.monotonic()
+        tables = cap.snapshot_tables(pub.name)
+        pending = cap.export_snapshot()
+        try:
+            with psycopg.connect(cap.dsn, options=SESSION_GUCS) as conn:
+                conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+                conn.read_only = True
+                conn.execute(
+                    sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(pending.snapshot))
+                )
+                shapes = [cap.snapshot_shape(conn, t)[0] for t in tables]
+                counts = []
+                for t in tables:
+                    row = conn.execute(f"SELECT count(*) FROM ONLY {t.sql}").fetchone()
+                    counts.append(int(row[0]) if row else 0)
+                conn.rollback()
+            seq = cap.wait_position(pending.lsn, self.position_timeout_s)[pub.name]
+            start = pb.SnapshotChunk()
+            start.start.publisher = self.server_name
+            start.start.publication = pub.name
+            start.start.incarnation = pub.log.incarnation
+            start.start.seq = seq
+            for shape, n in zip(shapes, counts, strict=True):
+                start.start.tables.add(schema=shape.schema, expected_rows=n)
+            yield start
+            total = 0
+            for t, shape in zip(tables, shapes, strict=True):
+                infos = shape.infos
+                chunks = cap._read_snapshot(pending, t, lambda: None)
+                with contextlib.closing(chunks) as it:
+                    read_shape, _ = next(it)
+                    if read_shape.schema != shape.schema:
+                        raise SourceError(f"table {t.display!r} changed while it was read")
+                    for _, rows in it:
+                        for i in range(0, len(rows), chunk_rows):
+                            part = rows[i : i + chunk_rows]
+                            chunk = pb.SnapshotChunk()
+                            chunk.rows.table = shape.schema.table
+                            add = chunk.rows.rows.add
+                            for r in part:
+                                add().values.extend(
+                                    to_value(d, info) for d, info in zip(r, infos, strict=True)
+                                )
+                            total += len(part)
+                            yield chunk
+            end = pb.SnapshotChunk()
+            end.end.seq = seq
+            end.end.rows = total
+            log.info(
+                "snapshot sent",
+                publication=pub.name,
+                seq=seq,
+                rows=total,
+                source="postgresql",
+                seconds=round(time.monotonic() - started, 3),
+            )
+            yield end
+        finally:
+            pending.conn.close()  # drops the temporary slot
+
     def _pin(
         self, conn: sqlite3.Connection, pub: Publication
     ) -> tuple[int, list[pb.TableSchema], dict[str, int]]:
         """Steps 1-4 of the module docstring; leaves ``conn`` in the pinned read transaction."""
         thread = self.capture_thread
-        if thread is None:
+        if thread is None or self.capture is None:
             raise RuntimeError("capture is not running yet")
         installed = self.capture.installed().get(pub.name, {})
         tables = [t for t in pub.config.tables if t in installed]

@@ -45,6 +45,19 @@ and table: the log incarnation, the LSN of the table's snapshot, the schema last
   that publication's entry.  The schema last logged is saved to ``_txrepl.installs``
   after the append (a crash in between only repeats an identical schema op).
 
+* On-demand snapshots (``txrepl subscriber reinit``, publisher/snapshot.py).
+  :meth:`PostgresCapture.export_snapshot` creates a temporary slot with an exported
+  snapshot, consistent point ``C``; :meth:`PostgresCapture.wait_position` then
+  waits until the capture stream reaches ``C`` (the same crossing as above: a
+  ``BEGIN`` of a transaction with commit LSN ``>= C``, or a keepalive at or past
+  ``C``, with no transaction open) and returns, per publication, the highest seq
+  whose entry's position is ``< C`` (``_last_before``; positions never decrease
+  along a log).  Every transaction committed before ``C``
+  is in the log at or below that seq, none after it, so the snapshot's rows are
+  exactly the state as of that seq.  An install snapshot logged at ``C'`` (entries
+  at ``C' - 2``, ``C' - 1``) falls below that seq iff ``C' <= C``: its rows are then
+  as old as or older than the snapshot's.
+
 Limits: a table needs a primary key; the primary key and NOT NULL of a schema op are
 read from the current catalog; values of types without a txrepl type travel as text.
 """
@@ -155,6 +168,13 @@ class _PendingSnapshot:
     tables: dict[str, list[str]]  # publication -> display names
 
 
+@dataclass(slots=True)
+class _Mark:
+    lsn: int
+    done: threading.Event = field(default_factory=threading.Event)
+    heads: dict[str, int] = field(default_factory=dict)
+
+
 class PostgresCapture:
     """Installs capture on a PostgreSQL source and streams its transactions into logs."""
 
@@ -186,6 +206,8 @@ class PostgresCapture:
         self._catalog: Catalog | None = None
         self._setup_done = False
         self._dirty = threading.Event()
+        self._marks: list[_Mark] = []  # wait_position requests, resolved by the session
+        self._marks_lock = threading.Lock()
         # statistics
         self.transactions = 0
         self.entries = 0
@@ -563,6 +585,71 @@ class PostgresCapture:
         log.info("snapshot prepared", lsn=_format_lsn(lsn), tables=want)
         return _PendingSnapshot(lsn, snapshot, conn, want)
 
+    # -- on-demand snapshots (publisher/snapshot.py) ---------------------------------
+
+    def export_snapshot(self) -> _PendingSnapshot:
+        """A temporary slot with an exported snapshot; close ``.conn`` when done reading."""
+        conn = self._replication_conn()
+        try:
+            cur = conn.cursor()
+            tmp = f"{self.slot[:40]}_rsnap_{int(time.time() * 1000) % 10**9}"
+            cur.execute(
+                f"CREATE_REPLICATION_SLOT \"{tmp}\" TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
+            )
+            row = cur.fetchone()
+            assert row is not None
+            return _PendingSnapshot(_parse_lsn(str(row[1])), str(row[2]), conn, {})
+        except BaseException:
+            conn.close()
+            raise
+
+    def wait_position(self, lsn: int, timeout_s: float) -> dict[str, int]:
+        """Per publication, the last seq before ``lsn``, once the stream has reached it."""
+        mark = _Mark(lsn)
+        with self._marks_lock:
+            self._marks.append(mark)
+        try:
+            if not mark.done.wait(timeout_s):
+                raise SourceError(
+                    f"capture did not reach the snapshot's position {_format_lsn(lsn)} within"
+                    f" {timeout_s:g} s (is capture running? see the publisher's log)"
+                )
+            return mark.heads
+        finally:
+            with self._marks_lock:
+                if mark in self._marks:
+                    self._marks.remove(mark)
+
+    def _first_mark(self) -> int | None:
+        with self._marks_lock:
+            return min((m.lsn for m in self._marks if not m.done.is_set()), default=None)
+
+    def snapshot_tables(self, publication: str) -> list[TableName]:
+        """The installed tables of ``publication``, in install-record order."""
+        conn = self._admin()
+        with self._lock:
+            rows = conn.execute(
+                "SELECT tbl FROM _txrepl.installs WHERE slot = %s AND publication = %s"
+                " ORDER BY tbl",
+                (self.slot, publication),
+            ).fetchall()
+        return [table_name(str(r[0])) for r in rows]
+
+    def snapshot_shape(
+        self, conn: psycopg.Connection[tuple[Any, ...]], table: TableName
+    ) -> tuple[TableShape, list[RelColumn]]:
+        """A table's shape and columns, read in ``conn``'s (snapshot) transaction."""
+        cols = conn.execute(
+            "SELECT attname, atttypid, atttypmod FROM pg_attribute"
+            " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped"
+            " AND attgenerated = '' ORDER BY attnum",
+            (table.sql,),
+        ).fetchall()
+        if not cols:
+            raise SourceError(f"table {table.display!r} is gone from the {self._where()}")
+        relcols = [RelColumn(str(n), int(o), int(m)) for n, o, m in cols]
+        return self._cat().shape(table, relcols), relcols
+
     def _read_snapshot(
         self, pending: _PendingSnapshot, table: TableName, keepalive: Callable[[], None]
     ) -> Generator[tuple[TableShape, list[tuple[str | None, ...]]], None, None]:
@@ -573,16 +660,7 @@ class PostgresCapture:
             conn.execute(
                 sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(pending.snapshot))
             )
-            cols = conn.execute(
-                "SELECT attname, atttypid, atttypmod FROM pg_attribute"
-                " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped"
-                " AND attgenerated = '' ORDER BY attnum",
-                (table.sql,),
-            ).fetchall()
-            if not cols:
-                raise SourceError(f"table {table.display!r} is gone from the {self._where()}")
-            relcols = [RelColumn(str(n), int(o), int(m)) for n, o, m in cols]
-            shape = self._cat().shape(table, relcols)
+            shape, relcols = self.snapshot_shape(conn, table)
             select_list = ", ".join(qident(c.name) for c in relcols)
             chunk: list[tuple[str | None, ...]] = []
             with (
@@ -808,11 +886,26 @@ class _Session:
 
     # -- snapshot crossing, feedback ------------------------------------------------
 
+    def _mark(self, lsn: int) -> None:
+        """Resolve the wait_position requests at or below ``lsn`` (no transaction open)."""
+        cap = self.cap
+        with cap._marks_lock:
+            due = [m for m in cap._marks if m.lsn <= lsn and not m.done.is_set()]
+        if not due:
+            return
+        for ps in self.state.values():
+            ps.pub.log.flush()  # the seqs handed out are durable
+        for m in due:
+            m.heads = {name: _last_before(ps.pub, m.lsn) for name, ps in self.state.items()}
+            m.done.set()
+
     def _cross(self, lsn: int) -> None:
         """Log pending snapshots once the stream reaches their consistent point."""
         pending = self.pending
         if pending is None or lsn < pending.lsn:
+            self._mark(lsn)
             return
+        self._mark(pending.lsn)  # on-demand snapshots older than this install's rows
         for pubname, tables in pending.tables.items():
             ps = self.state[pubname]
             for i, t in enumerate(tables):
@@ -823,6 +916,7 @@ class _Session:
         log.info("snapshots logged", lsn=_format_lsn(pending.lsn), tables=pending.tables)
         # tables installed while this snapshot was pending get the next one
         self.pending = self.cap._begin_snapshot(self.state)
+        self._mark(lsn)
 
     def _log_snapshot(
         self, ps: _Pub, tab: _Table, pending: _PendingSnapshot, last_table: bool
@@ -864,8 +958,12 @@ class _Session:
         if self.txn is not None:
             return
         wal_end = int(self.cur.wal_end or 0)
-        if self.pending is not None:
-            if wal_end >= self.pending.lsn:
+        first = self.cap._first_mark()
+        if self.pending is not None or first is not None:
+            wanted = min(
+                x for x in (first, self.pending.lsn if self.pending else None) if x is not None
+            )
+            if wal_end >= wanted:
                 self._cross(wal_end)
             elif time.monotonic() - self.last_feedback > self.cap.feedback_interval_s:
                 # ask for a keepalive: it carries how far the server has decoded
@@ -887,6 +985,24 @@ class _Session:
         self.cur.send_feedback(flush_lsn=self.confirmable, write_lsn=self.confirmable)
         self.confirmed = self.confirmable
         self.last_feedback = now
+
+
+def _last_before(pub: Publication, lsn: int) -> int:
+    """The highest seq whose entry's source position is below ``lsn``.
+
+    Positions never decrease along a log (commit LSNs in commit order; an install
+    snapshot's ``C - 2``/``C - 1`` sit between the commits before and after ``C``;
+    a ``Publish`` entry repeats the current position), so this walks back from the
+    head over the entries appended since the stream passed ``lsn`` (usually none).
+    """
+    log_ = pub.log
+    seq = log_.head
+    while seq >= max(1, log_.first_seq):
+        (payload,) = log_.read(seq, max_entries=1)
+        if int(pb.Entry.FromString(payload).source_position or 0) < lsn:
+            break
+        seq -= 1
+    return seq
 
 
 def _text(d: Datum) -> str | None:
