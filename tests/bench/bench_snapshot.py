@@ -2,9 +2,11 @@
 
 Two systems on the same table, in the same run, on private clusters:
 
-``txrepl``     a SQLite source file holding the table, a real publisher process
-               (its capture installs the table first; that time is reported apart),
-               then :func:`subscriber.reinit.load_snapshot` into a PostgreSQL
+``txrepl postgresql`` / ``txrepl sqlite``
+               the table in a PostgreSQL source database (on the source cluster)
+               or in a SQLite source file, a real publisher process (its capture
+               installs the table first and logs its rows; that time is reported
+               apart), then :func:`subscriber.reinit.load_snapshot` into a PostgreSQL
                database (what ``txrepl subscriber reinit`` and ``initial =
                "snapshot"`` run): the publisher pins a snapshot, streams it over
                gRPC, the subscriber side COPYs it into shadow tables and swaps them
@@ -16,7 +18,7 @@ Two systems on the same table, in the same run, on private clusters:
                timed from CREATE SUBSCRIPTION until every table is ``ready``
                (``pg_subscription_rel.srsubstate = 'r'``).
 
-Both targets are databases of the same cluster; the runs are sequential.  The
+All targets are databases of the same cluster; the runs are sequential.  The
 table: id bigint primary key, name text, qty bigint, price numeric(12,2),
 created_at timestamptz.  Knobs: ``TXREPL_BENCH_SNAPSHOT_ROWS`` (default 1,000,000),
 ``TXREPL_BENCH_RUNS`` (default 1).
@@ -150,25 +152,32 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
                 server.drop_database(db)
 
 
-def txrepl(base: Path, dst: Any, n: int, run_no: int) -> dict[str, Any]:
+def txrepl(base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str) -> dict[str, Any]:
     from subscriber.reinit import load_snapshot
 
     work = Path(tempfile.mkdtemp(prefix=f"snapshot-{run_no}-", dir=base))
-    ddb = f"sntx_{os.getpid()}_{run_no}_{int(time.time() * 1000) % 10**7}"
+    stamp = f"{os.getpid()}_{run_no}_{int(time.time() * 1000) % 10**7}"
+    ddb, sdb = f"sntx_{stamp}", f"sntxsrc_{stamp}"
     dst_dsn = dst.create_database(ddb)
     pub: Daemon | None = None
     try:
         t0 = time.monotonic()
-        make_sqlite_source(work / "source.db", n)
-        made = time.monotonic() - t0
-        cfg = {
+        cfg: dict[str, Any] = {
             "server_name": "pub1",
             "listen": "127.0.0.1:0",
             "data_dir": str(work / "publisher"),
-            "source": f"sqlite:///{work / 'source.db'}",
             "poll_interval_ms": 2,
             "publication": [{"name": "shop", "tables": [TABLE]}],
         }
+        if source_kind == "sqlite":
+            make_sqlite_source(work / "source.db", n)
+            cfg["source"] = f"sqlite:///{work / 'source.db'}"
+        else:
+            src_dsn = src.create_database(sdb)
+            make_pg_source(src_dsn, n)
+            cfg["source"] = src_dsn
+            cfg["slot"] = f"txrepl_bench_{run_no}"
+        made = time.monotonic() - t0
         (work / "publisher.toml").write_text(to_toml(cfg))
         t0 = time.monotonic()
         pub = Daemon(
@@ -199,8 +208,8 @@ def txrepl(base: Path, dst: Any, n: int, run_no: int) -> dict[str, Any]:
         seconds = time.monotonic() - began
         rows = _count(dst_dsn)
         return {
-            "system": "txrepl",
-            "measure": "snapshot load (SQLite source -> PostgreSQL)",
+            "system": f"txrepl {source_kind}",
+            "measure": f"snapshot load ({source_kind} source -> PostgreSQL)",
             "run": run_no,
             "rows": rows,
             "seq": seq,
@@ -215,6 +224,9 @@ def txrepl(base: Path, dst: Any, n: int, run_no: int) -> dict[str, Any]:
             pub.stop()
         with contextlib.suppress(Exception):
             dst.drop_database(ddb)
+        if source_kind != "sqlite":
+            with contextlib.suppress(Exception):
+                src.drop_database(sdb)
 
 
 def run(results_dir: Path) -> list[dict[str, Any]]:
@@ -237,9 +249,14 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
     base = Path(tempfile.mkdtemp(prefix="txrepl-bench-snapshot-"))
     with bench_cluster() as src, bench_cluster() as dst:
         for run_no in range(1, runs + 1):
-            for row in (pg_native(src, dst, n, run_no), txrepl(base, dst, n, run_no)):
+            for system in ("pg native", "postgresql", "sqlite"):
+                row = (
+                    pg_native(src, dst, n, run_no)
+                    if system == "pg native"
+                    else txrepl(base, src, dst, n, run_no, system)
+                )
                 print(
-                    f"  {row['system']:<10} run {run_no}: {row['rows']:,} rows in"
+                    f"  {row['system']:<17} run {run_no}: {row['rows']:,} rows in"
                     f" {row['seconds']:.2f} s = {row['rows_per_s']:,} rows/s"
                     + ("" if row["complete"] else "  INCOMPLETE")
                     + (
@@ -253,16 +270,17 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
                 rows.append(row)
     for run_no in range(1, runs + 1):
         by = {r["system"]: r for r in rows if r["run"] == run_no}
-        ratio = by["txrepl"]["rows_per_s"] / by["pg native"]["rows_per_s"]
-        rows.append(
-            {
-                "system": "txrepl/pg native",
-                "measure": "snapshot rows/s ratio",
-                "run": run_no,
-                "ratio": round(ratio, 3),
-            }
-        )
-        print(f"  ratio txrepl / pg native, run {run_no}: {ratio:.2f}")
+        for system in ("txrepl postgresql", "txrepl sqlite"):
+            ratio = by[system]["rows_per_s"] / by["pg native"]["rows_per_s"]
+            rows.append(
+                {
+                    "system": f"{system}/pg native",
+                    "measure": "snapshot rows/s ratio",
+                    "run": run_no,
+                    "ratio": round(ratio, 3),
+                }
+            )
+            print(f"  ratio {system} / pg native, run {run_no}: {ratio:.2f}")
     return rows
 
 
