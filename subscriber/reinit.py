@@ -22,9 +22,11 @@ snapshots yet.
 from __future__ import annotations
 
 import datetime as dt
+import queue
 import sqlite3
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +48,7 @@ log = structlog.get_logger(__name__)
 
 SHADOW_PREFIX = "txrepl_shadow__"
 FLUSH_ROWS = 50_000
+PG_FLUSH_ROWS = 20_000  # one COPY each: progress is reported per flush
 
 # Declared SQLite types per logical type: the same affinities the apply writer uses.
 _DECLARED = {
@@ -278,6 +281,52 @@ def _pg_row(values: Any) -> list[object]:
     return out
 
 
+def _prefetch(stream: Any, depth: int = 4) -> Generator[Any, None, None]:
+    """Receive the stream in a thread, ``depth`` chunks ahead of the consumer.
+
+    The publisher then encodes the next chunks while this process decodes and
+    COPYs the current one (two processes, two cores) instead of taking turns.
+    """
+    items: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(item: object) -> None:
+        while not stop.is_set():
+            try:
+                items.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def receive() -> None:
+        try:
+            for item in stream:
+                put(item)
+                if stop.is_set():
+                    return
+            put(done)
+        except BaseException as exc:  # handed to the consumer
+            put(exc)
+
+    thread = threading.Thread(target=receive, name="txrepl-snapshot-receive", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        cancel = getattr(stream, "cancel", None)
+        if cancel is not None:
+            cancel()
+        thread.join(5)
+
+
 def _load_postgres(
     *,
     address: str,
@@ -299,6 +348,7 @@ def _load_postgres(
     own = channel is None
     ch = channel or _channel(address)
     progress = SnapshotProgress()
+    chunks: Generator[Any, None, None] | None = None
     try:
         stream: Any = rpc.ReplicationStub(ch).Snapshot(
             pb.SnapshotRequest(
@@ -309,6 +359,7 @@ def _load_postgres(
         start: pb.SnapshotStart | None = None
         buffers: dict[str, list[list[object]]] = {}
         loaded: dict[str, int] = {}
+        chunks = _prefetch(stream)
 
         def flush(table: str) -> None:
             rows = buffers[table]
@@ -321,7 +372,7 @@ def _load_postgres(
             if on_progress is not None:
                 on_progress(progress)
 
-        for chunk in stream:
+        for chunk in chunks:
             kind = chunk.WhichOneof("kind")
             if kind == "start":
                 if start is not None:
@@ -355,7 +406,7 @@ def _load_postgres(
                             f" the table {width} columns"
                         )
                     buf.append(_pg_row(r.values))
-                if len(buf) >= FLUSH_ROWS:
+                if len(buf) >= PG_FLUSH_ROWS:
                     flush(table)
             elif kind == "end":
                 if start is None:
@@ -381,6 +432,8 @@ def _load_postgres(
     except grpc.RpcError as e:
         raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
     finally:
+        if chunks is not None:
+            chunks.close()  # stops the receiving thread, cancels the stream
         loader.close()
         if own:
             ch.close()

@@ -12,7 +12,7 @@ Everything the load does on the target happens in **one target transaction** T
 (after a short, separate one that creates the empty schema ``txrepl_shadow`` once):
 
 1. T takes a transaction-level advisory lock for the subscription (a second
-   reinit of the same subscription fails at once instead of interleaving), then
+   reinit of the same subscription waits for it, at most 30 s, then fails), then
    creates ``txrepl_shadow.<table>`` for every published table (the same column
    types the apply writer uses, :func:`subscriber.apply._pgcopy.pg_type`).
 2. The snapshot's rows (the content of every published table as of exactly one
@@ -89,6 +89,7 @@ class PgShadowLoader:
         self.role = role
         self.lock_timeout_s = lock_timeout_s
         self.swap_timeout_s = swap_timeout_s
+        self.wait_s = 30  # for another reinit of the same subscription
         self.schemas: dict[str, pb.TableSchema] = {}
         try:
             PostgresWriter(dsn, role=role).close()  # creates the metadata tables if missing
@@ -123,15 +124,19 @@ class PgShadowLoader:
                 cur.execute("SELECT pg_advisory_xact_lock(hashtext('txrepl metadata'))")
                 cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(Q(SHADOW_SCHEMA)))
             cur.execute("BEGIN")
-            cur.execute(
-                "SELECT pg_try_advisory_xact_lock(hashtext('txrepl reinit'), hashtext(%s))",
-                (subscription,),
-            )
-            row = cur.fetchone()
-            if row is None or not row[0]:
-                raise SnapshotError(
-                    f"another reinit of {subscription!r} is loading into {self.where}"
+            # A killed earlier run's session may linger a moment: wait for it, boundedly.
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", (f"{self.wait_s}s",))
+            try:
+                cur.execute(
+                    "SELECT pg_advisory_xact_lock(hashtext('txrepl reinit'), hashtext(%s))",
+                    (subscription,),
                 )
+            except psycopg.errors.LockNotAvailable:
+                raise SnapshotError(
+                    f"another reinit of {subscription!r} is still loading into {self.where}"
+                    f" (waited {self.wait_s} s)"
+                ) from None
+            cur.execute("SELECT set_config('lock_timeout', '0', true)")
             if self.role:
                 cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
             for schema in tables:

@@ -26,7 +26,7 @@ from subscriber.reinit import SnapshotError, load_snapshot
 from tests.harness import ROOT, Pair, wait_until
 from tests.workload import W1, W1_COLUMNS, diff_tables, run_sqlite, sqlite_source, w1_checksum
 
-ACCOUNTS = 80_000  # more than one flush (50,000 rows): the first kill lands mid-load
+ACCOUNTS = 50_000  # several flushes (20,000 rows each): the first kill lands mid-load
 
 
 def _bursts(src: sqlite3.Connection, w1: W1, n: int, size: int = 3) -> None:
@@ -184,7 +184,7 @@ def test_pg_target_invalid_then_reinit_killed_twice_then_valid_and_converges(
             conn.execute("DROP VIEW rich")
         assert _level(dsn) == level0
 
-        # Kill 1: in the middle of the load (after the first 50,000 rows were copied).
+        # Kill 1: in the middle of the load (after the first 20,000 rows were copied).
         proc = _reinit(pair)
         _read_until(proc, b"rows/s", 120)
         proc.send_signal(signal.SIGKILL)
