@@ -7,6 +7,7 @@ tests: they measure, and never fail on a number.
 
     python -m tests.bench                 # all
     python -m tests.bench log w1          # only bench_log and bench_w1
+    python -m tests.bench snapshot        # snapshot load into PostgreSQL beside native sync
 """
 
 from __future__ import annotations
