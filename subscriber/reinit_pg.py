@@ -37,12 +37,14 @@ longer than one ``lock_timeout`` attempt while T is still waiting itself).  The
 commit makes the new tables, the schemas and the level visible together; a
 reader that was waiting on an old table re-resolves its name after the lock is
 granted (PostgreSQL's ``RangeVarGetRelidExtended`` retries when the relation
-changed while it waited), so it reads the new table.  A SIGKILL of the reinit at
-any point before the commit record is flushed closes its connection: the server
-rolls T back, the advisory lock goes with it, no shadow table survives (they
-were created in T), and the target holds exactly the old state at the old level,
-so the command can simply be run again.  A kill after the commit leaves the new
-state at level S: rerunning loads a fresh snapshot at a newer S'.
+changed while it waited), so it reads the new table.  A SIGKILL of the reinit
+before it has sent COMMIT closes its connection: the server rolls T back (at
+the latest when the backend next waits for the client, i.e. after at most one
+``lock_timeout`` attempt), the advisory lock goes with it, no shadow table
+survives (they were created in T), and the target holds exactly the old state at
+the old level, so the command can simply be run again.  Once COMMIT is sent the
+server commits T whether the client lives or not: the new state at level S,
+complete.  Either way, rerunning is safe (it loads a fresh snapshot at S' >= S).
 
 Limits: the old table is dropped, so views and foreign keys that depend on it
 make the swap fail (with PostgreSQL's message; the target is unchanged), and
