@@ -13,6 +13,7 @@ import structlog
 from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from publisher.errors import SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
 from publisher.registry import Registry, SubscriberRow
@@ -53,7 +54,11 @@ class ReplicationService(rpc.ReplicationServicer):
         chunks = self.snapshots.stream(pub, request.chunk_rows)
         try:
             while True:
-                chunk = await asyncio.to_thread(next, chunks, None)
+                try:
+                    chunk = await asyncio.to_thread(next, chunks, None)
+                except SourceError as e:
+                    log.error("snapshot failed", publication=pub.name, error=str(e))
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"snapshot failed: {e}")
                 if chunk is None:
                     return
                 yield chunk
