@@ -14,6 +14,24 @@ pytest_plugins = [
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Before any Spark test runs, give the run's Spark drivers a faster start-up."""
+    """Drop short variants whose slow twin runs too; speed up the Spark drivers' start.
+
+    A fault test's short variant (``@pytest.mark.short_of("twin")``, the twin's name
+    with its parameters, e.g. ``"test_x[60]"``) injects fewer faults
+    through the same code as its slow twin, so when the twin is selected (``make test``,
+    CI) the short one adds time and no coverage; ``make test-fast`` keeps it.
+    """
+    selected = {(item.path, item.name) for item in items}
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        twin = item.get_closest_marker("short_of")
+        if twin is not None and (item.path, twin.args[0]) in selected:
+            dropped.append(item)
+        else:
+            keep.append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
     if any(item.get_closest_marker("spark") for item in items):
         jvm.configure()

@@ -374,6 +374,7 @@ async def _fuzz(tmp_path: Path, n: int, oversized: int, seed: int) -> None:
         pub.stop()
 
 
+@pytest.mark.short_of("test_fuzzed_sync_and_publish_change_nothing_long")
 async def test_fuzzed_sync_and_publish_change_nothing(tmp_path: Path) -> None:
     """300 hostile Sync and Publish calls: clear statuses, nothing changes, others served."""
     await _fuzz(tmp_path, n=300, oversized=2, seed=31)

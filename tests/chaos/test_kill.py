@@ -70,6 +70,7 @@ def _kill_run(tmp_path: Path, publisher_kills: int, subscriber_kills: int, seed:
         pair.stop()
 
 
+@pytest.mark.short_of("test_many_sigkills_lose_and_duplicate_nothing")
 def test_random_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
     """Seven SIGKILLs of both daemons mid-stream: target = source, every row once."""
     _kill_run(tmp_path, publisher_kills=6, subscriber_kills=1, seed=11)

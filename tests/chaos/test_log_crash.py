@@ -126,6 +126,7 @@ def crash_loop(tmp_path: Path, kills: int, seed: int) -> None:
         assert lg.append([b"final"]) == head + 1
 
 
+@pytest.mark.short_of("test_sigkill_during_appends_many_times")
 def test_sigkill_during_appends_loses_nothing_reported(tmp_path: Path):
     """12 random SIGKILLs: every reported entry survives intact, seqs stay consecutive."""
     crash_loop(tmp_path, kills=12, seed=1)

@@ -83,6 +83,7 @@ def _proxy_run(tmp_path: Path, faults: int, seed: int) -> None:
             proxy.stop()
 
 
+@pytest.mark.short_of("test_many_network_faults_converge")
 def test_drops_stalls_and_resets_converge(tmp_path: Path) -> None:
     """Six network faults mid-stream: the subscriber resumes each time and converges."""
     _proxy_run(tmp_path, faults=6, seed=21)

@@ -136,6 +136,7 @@ def crash_and_recover(target: Path, kills: int, total: int) -> None:
     assert levels[-1] < total, levels
 
 
+@pytest.mark.short_of("test_sigkill_many_times")
 @pytest.mark.spark
 def test_sigkill_mid_apply_keeps_level_and_rows_in_step(tmp_path: Path) -> None:
     """Three SIGKILLs at random moments of applying leave exactly the state of the level."""

@@ -111,7 +111,18 @@ def _source(dsn: str, table: str) -> dict[object, list[object]]:
         return {r[0]: list(r) for r in conn.execute(f"SELECT * FROM {table} ORDER BY 1")}
 
 
-@pytest.mark.parametrize("kills", [22, pytest.param(60, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "kills",
+    [
+        pytest.param(
+            22,
+            marks=pytest.mark.short_of(
+                "test_sigkill_during_capture_loses_and_duplicates_nothing[60]"
+            ),
+        ),
+        pytest.param(60, marks=pytest.mark.slow),
+    ],
+)
 def test_sigkill_during_capture_loses_and_duplicates_nothing(
     pg_db: str, tmp_path: Path, kills: int
 ) -> None:

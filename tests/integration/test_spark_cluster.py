@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.jvm import QUICK_JVM
 from tests.fixtures.spark_cluster import SparkCluster
 from tests.harness import Daemon, Pair, wait_until
 from tests.integration.test_end_to_end import (
@@ -39,7 +40,12 @@ def cluster_spark(cluster: SparkCluster, **conf: str) -> dict[str, Any]:
     Executors get 512 MB (the workers offer 1 GB each); conf keys are quoted because
     the harness writes inline TOML tables, where a bare ``spark.x`` is a dotted key.
     """
-    settings = {"spark.executor.memory": "512m", "spark.cores.max": "2", **conf}
+    settings = {
+        "spark.executor.memory": "512m",
+        "spark.cores.max": "2",
+        "spark.executor.extraJavaOptions": QUICK_JVM,
+        **conf,
+    }
     return {
         "master": cluster.url,
         "conf": {f'"{k}"': v for k, v in settings.items()},
