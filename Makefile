@@ -26,7 +26,7 @@ demo: $(VENV)/.installed
 
 ## test: the whole suite (unit, integration, chaos; slow ones included)
 test: $(VENV)/.installed
-	$(PY) -m pytest -m "slow or not slow" tests
+	$(PY) -m pytest -m "slow or not slow" --durations=25 tests
 
 test-fast: $(VENV)/.installed
 	$(PY) -m pytest -m "not slow" tests
