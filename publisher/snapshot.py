@@ -37,7 +37,7 @@ import contextlib
 import datetime as dt
 import sqlite3
 import time
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass
 
 import structlog
@@ -128,6 +128,31 @@ def value_writer(ctype: int, scale: int) -> Callable[[pb.Value, object], None]:
     return generic
 
 
+def _rows_chunk(table: str) -> pb.SnapshotChunk:
+    """An empty rows chunk of ``table`` (the caller adds the rows in its own hot loop)."""
+    chunk = pb.SnapshotChunk()
+    chunk.rows.table = table
+    return chunk
+
+
+def _end_chunk(
+    pub: Publication, seq: int, total: int, started: float, **fields: str
+) -> pb.SnapshotChunk:
+    """The stream's last chunk (S and the rows sent), logged as sent."""
+    end = pb.SnapshotChunk()
+    end.end.seq = seq
+    end.end.rows = total
+    log.info(
+        "snapshot sent",
+        publication=pub.name,
+        seq=seq,
+        rows=total,
+        **fields,
+        seconds=round(time.monotonic() - started, 3),
+    )
+    return end
+
+
 @dataclass
 class SnapshotSource:
     server_name: str
@@ -156,14 +181,7 @@ class SnapshotSource:
         )
         try:
             seq, schemas, counts = self._pin(conn, pub)
-            start = pb.SnapshotChunk()
-            start.start.publisher = self.server_name
-            start.start.publication = pub.name
-            start.start.incarnation = pub.log.incarnation
-            start.start.seq = seq
-            for schema in schemas:
-                start.start.tables.add(schema=schema, expected_rows=counts[schema.table])
-            yield start
+            yield self._start_chunk(pub, seq, [(s, counts[s.table]) for s in schemas])
             total = 0
             for schema in schemas:
                 writers = [value_writer(c.type, c.scale) for c in schema.columns]
@@ -173,8 +191,7 @@ class SnapshotSource:
                     rows = cur.fetchmany(chunk_rows)
                     if not rows:
                         break
-                    chunk = pb.SnapshotChunk()
-                    chunk.rows.table = schema.table
+                    chunk = _rows_chunk(schema.table)
                     add = chunk.rows.rows.add
                     for row in rows:
                         values = add().values
@@ -182,17 +199,7 @@ class SnapshotSource:
                             write(values.add(), v)
                     total += len(rows)
                     yield chunk
-            end = pb.SnapshotChunk()
-            end.end.seq = seq
-            end.end.rows = total
-            log.info(
-                "snapshot sent",
-                publication=pub.name,
-                seq=seq,
-                rows=total,
-                seconds=round(time.monotonic() - started, 3),
-            )
-            yield end
+            yield _end_chunk(pub, seq, total, started)
         finally:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -223,14 +230,9 @@ class SnapshotSource:
                     counts.append(int(row[0]) if row else 0)
                 conn.rollback()
             seq = cap.wait_position(pending.lsn, self.position_timeout_s)[pub.name]
-            start = pb.SnapshotChunk()
-            start.start.publisher = self.server_name
-            start.start.publication = pub.name
-            start.start.incarnation = pub.log.incarnation
-            start.start.seq = seq
-            for shape, n in zip(shapes, counts, strict=True):
-                start.start.tables.add(schema=shape.schema, expected_rows=n)
-            yield start
+            yield self._start_chunk(
+                pub, seq, [(shape.schema, n) for shape, n in zip(shapes, counts, strict=True)]
+            )
             total = 0
             for t, shape in zip(tables, shapes, strict=True):
                 infos = shape.infos
@@ -242,8 +244,7 @@ class SnapshotSource:
                     for _, rows in it:
                         for i in range(0, len(rows), chunk_rows):
                             part = rows[i : i + chunk_rows]
-                            chunk = pb.SnapshotChunk()
-                            chunk.rows.table = shape.schema.table
+                            chunk = _rows_chunk(shape.schema.table)
                             add = chunk.rows.rows.add
                             for r in part:
                                 add().values.extend(
@@ -251,20 +252,22 @@ class SnapshotSource:
                                 )
                             total += len(part)
                             yield chunk
-            end = pb.SnapshotChunk()
-            end.end.seq = seq
-            end.end.rows = total
-            log.info(
-                "snapshot sent",
-                publication=pub.name,
-                seq=seq,
-                rows=total,
-                source="postgresql",
-                seconds=round(time.monotonic() - started, 3),
-            )
-            yield end
+            yield _end_chunk(pub, seq, total, started, source="postgresql")
         finally:
             pending.conn.close()  # drops the temporary slot
+
+    def _start_chunk(
+        self, pub: Publication, seq: int, tables: Iterable[tuple[pb.TableSchema, int]]
+    ) -> pb.SnapshotChunk:
+        """The stream's first chunk: S and each table's schema with its row count."""
+        start = pb.SnapshotChunk()
+        start.start.publisher = self.server_name
+        start.start.publication = pub.name
+        start.start.incarnation = pub.log.incarnation
+        start.start.seq = seq
+        for schema, n in tables:
+            start.start.tables.add(schema=schema, expected_rows=n)
+        return start
 
     def _pin(
         self, conn: sqlite3.Connection, pub: Publication

@@ -26,10 +26,10 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import structlog
@@ -41,6 +41,8 @@ from subscriber.apply.sqlite import SqliteWriter, quote, sqlite_value
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from subscriber.reinit_pg import PgShadowLoader
 
 __all__ = ["SnapshotProgress", "load_snapshot"]
 
@@ -138,115 +140,188 @@ def load_snapshot(
     (``postgresql://...``; ``spark`` unused, ``role`` the replay role to create the
     tables as).
     """
+    sink: _Target
     if isinstance(target, str):
         if not target.startswith(("postgresql://", "postgres://")):
             raise SnapshotError(
                 f"target {target!r}: snapshots load into a SQLite file or postgresql://..."
             )
-        return _load_postgres(
-            address=address,
-            publisher=publisher,
-            publication=publication,
-            subscriber=subscriber,
-            subscription=subscription,
-            dsn=target,
-            role=role,
-            channel=channel,
-            metadata=metadata,
-            on_progress=on_progress,
-            chunk_rows=chunk_rows,
-        )
-    if spark is None:
-        raise SnapshotError("loading a snapshot into SQLite needs a Spark session")
-    SqliteWriter(target).close()  # creates the metadata tables if missing
+        # One transaction from the shadow tables to the swap (subscriber/reinit_pg.py).
+        from subscriber.reinit_pg import PgShadowLoader
+
+        sink = _PgTarget(PgShadowLoader(target, role=role), subscription)
+    else:
+        if spark is None:
+            raise SnapshotError("loading a snapshot into SQLite needs a Spark session")
+        SqliteWriter(target).close()  # creates the metadata tables if missing
+        sink = _SqliteTarget(target, spark, subscription)
     own = channel is None
-    ch = channel or _channel(address)
-    conn = sqlite3.connect(str(target), isolation_level=None, timeout=60)
     progress = SnapshotProgress()
+    chunks: Generator[Any, None, None] | None = None
+    ch: grpc.Channel | None = None
     try:
+        ch = channel or _channel(address)
         stream: Any = rpc.ReplicationStub(ch).Snapshot(
             pb.SnapshotRequest(
                 subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
             ),
             metadata=metadata,
         )
-        start: pb.SnapshotStart | None = None
-        schemas: dict[str, pb.TableSchema] = {}
-        buffers: dict[str, list[tuple[object, ...]]] = {}
-        loaded: dict[str, int] = {}
-
-        def flush(table: str) -> None:
-            rows = buffers[table]
-            if not rows:
-                return
-            n = len(schemas[table].columns)
-            rows = _pass(spark, rows, n)
-            marks = ", ".join("?" * n)
-            conn.execute("BEGIN")
-            conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
-            conn.execute("COMMIT")
-            loaded[table] += len(rows)
-            progress.rows_loaded += len(rows)
-            buffers[table] = []
-            if on_progress is not None:
-                on_progress(progress)
-
-        for chunk in stream:
-            kind = chunk.WhichOneof("kind")
-            if kind == "start":
-                start = chunk.start
-                _check_publisher(start, publisher)
-                progress.seq = start.seq
-                for t in start.tables:
-                    schemas[t.schema.table] = t.schema
-                    buffers[t.schema.table] = []
-                    loaded[t.schema.table] = 0
-                    progress.rows_expected += t.expected_rows
-                    shadow = SHADOW_PREFIX + t.schema.table
-                    conn.execute(f"DROP TABLE IF EXISTS {quote(shadow)}")
-                    conn.execute(_ddl(shadow, t.schema))
-                log.info(
-                    "snapshot started",
-                    publication=publication,
-                    seq=start.seq,
-                    tables=len(schemas),
-                    rows=progress.rows_expected,
-                )
-            elif kind == "rows":
-                table = chunk.rows.table
-                if start is None or table not in schemas:
-                    raise SnapshotError(f"snapshot rows for unknown table {table!r}")
-                buffers[table].extend(
-                    tuple(sqlite_value(decode(v)) for v in r.values) for r in chunk.rows.rows
-                )
-                if len(buffers[table]) >= FLUSH_ROWS:
-                    flush(table)
-            elif kind == "end":
-                if start is None:
-                    raise SnapshotError("snapshot ended before it started")
-                for table in schemas:
-                    flush(table)
-                expected = {t.schema.table: t.expected_rows for t in start.tables}
-                if loaded != expected:
-                    raise SnapshotError(
-                        f"snapshot incomplete: loaded {loaded}, expected {expected}"
-                    )
-                _swap(conn, subscription, start, schemas)
-                log.info(
-                    "snapshot loaded",
-                    publication=publication,
-                    seq=start.seq,
-                    rows=progress.rows_loaded,
-                    seconds=round(time.monotonic() - progress.started, 2),
-                )
-                return start.incarnation, start.seq
-        raise SnapshotError("the snapshot stream ended without its end marker")
+        if sink.prefetch:
+            chunks = _prefetch(stream)
+        return _consume(
+            chunks if chunks is not None else stream,
+            sink,
+            publisher=publisher,
+            publication=publication,
+            progress=progress,
+            on_progress=on_progress,
+        )
     except grpc.RpcError as e:
         raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
     finally:
-        conn.close()
-        if own:
+        if chunks is not None:
+            chunks.close()  # stops the receiving thread, cancels the stream
+        sink.close()
+        if own and ch is not None:
             ch.close()
+
+
+class _Target(Protocol):
+    """What :func:`_consume` leaves to the target (SQLite or PostgreSQL)."""
+
+    flush_rows: int  # a table's buffer is written once it holds this many rows
+    log_fields: Mapping[str, str]  # added to the "snapshot started/loaded" lines
+    single_start: bool  # a second ``start`` chunk is an error
+    prefetch: bool  # receive the stream in a thread (:func:`_prefetch`)
+
+    def begin(self, start: pb.SnapshotStart) -> None:
+        """Create the (empty) shadow tables of ``start.tables``."""
+
+    def buffer(self, table: str, buf: list[Any], rows: Any) -> None:
+        """Append a chunk's ``rows`` (protobuf rows) to ``buf``, converted for ``write``."""
+
+    def write(self, table: str, rows: list[Any]) -> int:
+        """Write a non-empty buffer into the table's shadow; returns the rows written."""
+
+    def swap(self, start: pb.SnapshotStart) -> None:
+        """Replace the tables, schemas and level with the shadows' in one transaction."""
+
+    def close(self) -> None: ...
+
+
+def _consume(
+    chunks: Iterable[Any],
+    target: _Target,
+    *,
+    publisher: str,
+    publication: str,
+    progress: SnapshotProgress,
+    on_progress: Callable[[SnapshotProgress], None] | None,
+) -> tuple[str, int]:
+    """Load a Snapshot stream (start, rows..., end) into ``target``; (incarnation, seq)."""
+    start: pb.SnapshotStart | None = None
+    buffers: dict[str, list[Any]] = {}
+    loaded: dict[str, int] = {}
+
+    def flush(table: str) -> None:
+        rows = buffers[table]
+        if not rows:
+            return
+        n = target.write(table, rows)
+        loaded[table] += n
+        progress.rows_loaded += n
+        buffers[table] = []
+        if on_progress is not None:
+            on_progress(progress)
+
+    for chunk in chunks:
+        kind = chunk.WhichOneof("kind")
+        if kind == "start":
+            if start is not None and target.single_start:
+                raise SnapshotError("the snapshot started twice")
+            start = chunk.start
+            _check_publisher(start, publisher)
+            progress.seq = start.seq
+            for t in start.tables:
+                buffers[t.schema.table] = []
+                loaded[t.schema.table] = 0
+                progress.rows_expected += t.expected_rows
+            target.begin(start)
+            log.info(
+                "snapshot started",
+                publication=publication,
+                seq=start.seq,
+                tables=len(buffers),
+                rows=progress.rows_expected,
+                **target.log_fields,
+            )
+        elif kind == "rows":
+            table = chunk.rows.table
+            if start is None or table not in buffers:
+                raise SnapshotError(f"snapshot rows for unknown table {table!r}")
+            buf = buffers[table]
+            target.buffer(table, buf, chunk.rows.rows)
+            if len(buf) >= target.flush_rows:
+                flush(table)
+        elif kind == "end":
+            if start is None:
+                raise SnapshotError("snapshot ended before it started")
+            for table in buffers:
+                flush(table)
+            expected = {t.schema.table: t.expected_rows for t in start.tables}
+            if loaded != expected:
+                raise SnapshotError(f"snapshot incomplete: loaded {loaded}, expected {expected}")
+            target.swap(start)
+            log.info(
+                "snapshot loaded",
+                publication=publication,
+                seq=start.seq,
+                rows=progress.rows_loaded,
+                seconds=round(time.monotonic() - progress.started, 2),
+                **target.log_fields,
+            )
+            return start.incarnation, start.seq
+    raise SnapshotError("the snapshot stream ended without its end marker")
+
+
+class _SqliteTarget:
+    """Shadow tables in the SQLite file, each chunk passed through Spark."""
+
+    def __init__(self, path: Path, spark: SparkSession, subscription: str) -> None:
+        self.flush_rows = FLUSH_ROWS
+        self.log_fields: Mapping[str, str] = {}
+        self.single_start = False
+        self.prefetch = False
+        self.spark = spark
+        self.subscription = subscription
+        self.schemas: dict[str, pb.TableSchema] = {}
+        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=60)
+
+    def begin(self, start: pb.SnapshotStart) -> None:
+        for t in start.tables:
+            self.schemas[t.schema.table] = t.schema
+            shadow = SHADOW_PREFIX + t.schema.table
+            self.conn.execute(f"DROP TABLE IF EXISTS {quote(shadow)}")
+            self.conn.execute(_ddl(shadow, t.schema))
+
+    def buffer(self, table: str, buf: list[Any], rows: Any) -> None:
+        buf.extend(tuple(sqlite_value(decode(v)) for v in r.values) for r in rows)
+
+    def write(self, table: str, rows: list[Any]) -> int:
+        n = len(self.schemas[table].columns)
+        rows = _pass(self.spark, rows, n)
+        marks = ", ".join("?" * n)
+        self.conn.execute("BEGIN")
+        self.conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
+        self.conn.execute("COMMIT")
+        return len(rows)
+
+    def swap(self, start: pb.SnapshotStart) -> None:
+        _swap(self.conn, self.subscription, start, self.schemas)
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def _channel(address: str) -> grpc.Channel:
@@ -327,116 +402,39 @@ def _prefetch(stream: Any, depth: int = 4) -> Generator[Any, None, None]:
         thread.join(5)
 
 
-def _load_postgres(
-    *,
-    address: str,
-    publisher: str,
-    publication: str,
-    subscriber: str,
-    subscription: str,
-    dsn: str,
-    role: str | None,
-    channel: grpc.Channel | None,
-    metadata: tuple[tuple[str, str], ...] | None,
-    on_progress: Callable[[SnapshotProgress], None] | None,
-    chunk_rows: int,
-) -> tuple[str, int]:
+class _PgTarget:
     """The PostgreSQL target: one transaction from the shadow tables to the swap."""
-    from subscriber.reinit_pg import PgShadowLoader
 
-    loader = PgShadowLoader(dsn, role=role)
-    own = channel is None
-    ch = channel or _channel(address)
-    progress = SnapshotProgress()
-    chunks: Generator[Any, None, None] | None = None
-    try:
-        stream: Any = rpc.ReplicationStub(ch).Snapshot(
-            pb.SnapshotRequest(
-                subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
-            ),
-            metadata=metadata,
-        )
-        start: pb.SnapshotStart | None = None
-        buffers: dict[str, list[list[object]]] = {}
-        loaded: dict[str, int] = {}
-        chunks = _prefetch(stream)
+    def __init__(self, loader: PgShadowLoader, subscription: str) -> None:
+        self.flush_rows = PG_FLUSH_ROWS
+        self.log_fields: Mapping[str, str] = {"target": "postgresql"}
+        self.single_start = True
+        self.prefetch = True
+        self.loader = loader
+        self.subscription = subscription
 
-        def flush(table: str) -> None:
-            rows = buffers[table]
-            if not rows:
-                return
-            loader.write(table, rows)
-            loaded[table] += len(rows)
-            progress.rows_loaded += len(rows)
-            buffers[table] = []
-            if on_progress is not None:
-                on_progress(progress)
+    def begin(self, start: pb.SnapshotStart) -> None:
+        self.loader.prepare(self.subscription, [t.schema for t in start.tables])
 
-        for chunk in chunks:
-            kind = chunk.WhichOneof("kind")
-            if kind == "start":
-                if start is not None:
-                    raise SnapshotError("the snapshot started twice")
-                start = chunk.start
-                _check_publisher(start, publisher)
-                progress.seq = start.seq
-                for t in start.tables:
-                    buffers[t.schema.table] = []
-                    loaded[t.schema.table] = 0
-                    progress.rows_expected += t.expected_rows
-                loader.prepare(subscription, [t.schema for t in start.tables])
-                log.info(
-                    "snapshot started",
-                    publication=publication,
-                    seq=start.seq,
-                    tables=len(buffers),
-                    rows=progress.rows_expected,
-                    target="postgresql",
+    def buffer(self, table: str, buf: list[Any], rows: Any) -> None:
+        width = len(self.loader.schemas[table].columns)
+        for r in rows:
+            if len(r.values) != width:
+                raise SnapshotError(
+                    f"snapshot row of {table!r} has {len(r.values)} values,"
+                    f" the table {width} columns"
                 )
-            elif kind == "rows":
-                table = chunk.rows.table
-                if start is None or table not in buffers:
-                    raise SnapshotError(f"snapshot rows for unknown table {table!r}")
-                width = len(loader.schemas[table].columns)
-                buf = buffers[table]
-                for r in chunk.rows.rows:
-                    if len(r.values) != width:
-                        raise SnapshotError(
-                            f"snapshot row of {table!r} has {len(r.values)} values,"
-                            f" the table {width} columns"
-                        )
-                    buf.append(_pg_row(r.values))
-                if len(buf) >= PG_FLUSH_ROWS:
-                    flush(table)
-            elif kind == "end":
-                if start is None:
-                    raise SnapshotError("snapshot ended before it started")
-                for table in buffers:
-                    flush(table)
-                expected = {t.schema.table: t.expected_rows for t in start.tables}
-                if loaded != expected:
-                    raise SnapshotError(
-                        f"snapshot incomplete: loaded {loaded}, expected {expected}"
-                    )
-                loader.swap(subscription, start.incarnation, start.seq)
-                log.info(
-                    "snapshot loaded",
-                    publication=publication,
-                    seq=start.seq,
-                    rows=progress.rows_loaded,
-                    seconds=round(time.monotonic() - progress.started, 2),
-                    target="postgresql",
-                )
-                return start.incarnation, start.seq
-        raise SnapshotError("the snapshot stream ended without its end marker")
-    except grpc.RpcError as e:
-        raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
-    finally:
-        if chunks is not None:
-            chunks.close()  # stops the receiving thread, cancels the stream
-        loader.close()
-        if own:
-            ch.close()
+            buf.append(_pg_row(r.values))
+
+    def write(self, table: str, rows: list[Any]) -> int:
+        self.loader.write(table, rows)
+        return len(rows)
+
+    def swap(self, start: pb.SnapshotStart) -> None:
+        self.loader.swap(self.subscription, start.incarnation, start.seq)
+
+    def close(self) -> None:
+        self.loader.close()
 
 
 def _swap(
