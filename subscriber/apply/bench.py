@@ -9,6 +9,12 @@ server -- on a shared machine CPU per row is steadier than wall time.
     python -m subscriber.apply.bench                       # SQLite in a temp dir
     python -m subscriber.apply.bench --target postgresql   # a private PostgreSQL 15
     python -m subscriber.apply.bench --target postgresql --dsn postgresql://u@h:p/db
+    python -m subscriber.apply.bench --target postgresql --large --w1 10000 40000
+
+``--w1 N ...`` applies consecutive parts of a W1-like stream (tables ``w1_accounts``
+and ``w1_orders``) in batches of N entries (one transaction each; 10,000 is the
+subscriber's default ``max_entries``), ``--w1-repeat`` times per size, and prints
+the median.
 """
 
 from __future__ import annotations
@@ -90,13 +96,14 @@ W1_SCHEMAS = [
 ]
 
 
-def w1_entries(transactions: int, *, seed: int = 42) -> list[pb.Entry]:
+def w1_entries(transactions: int, *, seed: int = 42, prefix: str = "") -> list[pb.Entry]:
     """Entries shaped like workload W1 (../shared/bench/W1.md), one per transaction.
 
     Transaction 0 inserts 10,000 accounts; each next one inserts an order, updates its
     account (balance, updated_at), ships an earlier order with probability 0.2 and
     deletes one with probability 0.05.  Updates carry the key, as captures send it.
-    The schema ops are not included (see :data:`W1_SCHEMAS`).
+    The schema ops are not included (see :data:`W1_SCHEMAS`); ``prefix`` is put
+    before the table names.
     """
     import random
     import string
@@ -111,7 +118,7 @@ def w1_entries(transactions: int, *, seed: int = 42) -> list[pb.Entry]:
         table: str, op: pb.RowOp.ValueType, cells: list[pb.Value], key: int | None = None
     ) -> pb.Op:
         keys = [pb.Value(int=key)] if key is not None else []
-        return pb.Op(row=pb.RowChange(table=table, op=op, key=keys, row=cells))
+        return pb.Op(row=pb.RowChange(table=prefix + table, op=op, key=keys, row=cells))
 
     balances = [0] * 10_001
     first = [
@@ -164,7 +171,9 @@ def w1_entries(transactions: int, *, seed: int = 42) -> list[pb.Entry]:
             live.pop()
             ops.append(
                 pb.Op(
-                    row=pb.RowChange(table="orders", op=pb.ROW_OP_DELETE, key=[pb.Value(int=pick)])
+                    row=pb.RowChange(
+                        table=prefix + "orders", op=pb.ROW_OP_DELETE, key=[pb.Value(int=pick)]
+                    )
                 )
             )
         live.append(i)
@@ -217,6 +226,8 @@ def main() -> None:
     ap.add_argument("--large", type=int, nargs="*", default=[10_000, 100_000])
     ap.add_argument("--target", choices=["sqlite", "postgresql"], default="sqlite")
     ap.add_argument("--dsn", default="", help="PostgreSQL target (default: a private instance)")
+    ap.add_argument("--w1", type=int, nargs="*", default=[], help="W1-like batch sizes (entries)")
+    ap.add_argument("--w1-repeat", type=int, default=3)
     args = ap.parse_args()
     spark = create_spark_session(SparkSettings())
     jvm: Any = spark._jvm  # the JVM's pid, for its CPU time
@@ -255,7 +266,43 @@ def main() -> None:
                 f"jvm {jv:.2f}, postgres backend {pg:.2f} "
                 f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
             )
+        if args.w1:
+            _w1(applier, writer, jvm_pid, args.w1, args.w1_repeat)
     spark.stop()
+
+
+def _w1(applier: Applier, writer: Writer, jvm_pid: int, sizes: list[int], repeat: int) -> None:
+    schemas = [pb.TableSchema() for _ in W1_SCHEMAS]
+    for s, src in zip(schemas, W1_SCHEMAS, strict=True):
+        s.CopyFrom(src)
+        s.table = "w1_" + src.table
+    stream = w1_entries(sum(sizes) * repeat + 1, prefix="w1_")
+    level = applier.state.level
+    level = applier.apply(
+        level + 1, [pb.Entry(ops=[pb.Op(schema=s) for s in schemas])], incarnation="b"
+    ).level
+    level = applier.apply(level + 1, stream[:1], incarnation="b").level  # the 10,000 accounts
+    at = 1
+    for size in sizes:
+        rates = []
+        for _ in range(repeat):
+            batch = stream[at : at + size]
+            at += size
+            g0 = _backend_cpu_s(writer)
+            t0, p0, j0 = time.perf_counter(), time.process_time(), _cpu_s(jvm_pid)
+            res = applier.apply(level + 1, batch, incarnation="b")
+            level = res.level
+            dt = time.perf_counter() - t0
+            py, jv = time.process_time() - p0, _cpu_s(jvm_pid) - j0
+            pg = _backend_cpu_s(writer) - g0
+            rates.append(res.rows / dt)
+            print(
+                f"w1: {res.entries} entries, {res.rows} row changes ({res.written} net rows): "
+                f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s; CPU s: python {py:.2f}, "
+                f"jvm {jv:.2f}, postgres backend {pg:.2f} "
+                f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
+            )
+        print(f"w1: {size} entries per batch: median {statistics.median(rates):,.0f} row changes/s")
 
 
 if __name__ == "__main__":

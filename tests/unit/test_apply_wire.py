@@ -81,7 +81,7 @@ def _reference(ctype: int, cells: list[pb.Value]) -> tuple[str, list[object]]:
 
 @pytest.mark.parametrize("ctype", TYPES, ids=lambda t: T.Name(t))
 @pytest.mark.parametrize("seed", range(4))
-def test_column_matches_the_per_cell_path(ctype: int, seed: int) -> None:
+def test_column_matches_the_per_cell_path(ctype: pb.ColumnType.ValueType, seed: int) -> None:
     rng = random.Random(seed)
     cells = [_value(ctype, rng) for _ in range(rng.choice([1, 5, 300]))]
     if seed == 3:  # one value of another kind: the whole column is variant
