@@ -342,14 +342,19 @@ class Applier:
                     change = op.row
                     cop = change.op
                     buf = segment.get(change.table)
-                    if buf is not None and cop == _INSERT:  # the common case, inlined
+                    if buf is not None and cop in (_INSERT, _UPDATE):
+                        # The common cases, inlined: an insert, an update keeping its key.
                         row = change.row
-                        if len(row) == buf.width:
+                        if len(row) == buf.width and (
+                            cop == _INSERT
+                            or not (key := change.key)
+                            or list(key) == [row[k] for k in buf.key_index]
+                        ):
                             buf.seqs.append(seq)
                             buf.positions.append(pos)
                             buf.deletes.append(False)
                             buf.cells.extend(row)
-                            buf.ops.append(_INSERT)
+                            buf.ops.append(cop)
                             pos += 1
                             rows += 1
                             continue
