@@ -16,6 +16,13 @@ States and transitions (each logged and kept, timestamped, in the timeline)::
 Back-pressure: received batches wait in a bounded queue (``queue_batches``);
 the receive loop blocks on a full queue and stops reading the stream, so a slow
 apply shows at the publisher as a slow feed, never as memory growth here.
+Coalescing: a batch that arrives while the previous one still waits for room in
+the queue joins it (consecutive seqs), up to 1/``queue_batches`` of the batch
+limits (``max_entries``, ``max_bytes``); only a full one blocks the reading.  In
+sync the publisher sends entries one by one as they commit, so without this a
+slow apply would get at most ``queue_batches`` entries per batch and fall behind
+a busy source however large ``max_entries`` is.  Memory stays bounded by the same
+limits: the queue holds at most ``queue_batches`` items of that size.
 
 Exactly once: the level lives in the target, written in the same transaction as
 the rows (subscriber/apply).  After any disconnect, batches received but not yet
@@ -427,46 +434,79 @@ class SubscriptionRunner:
         applier: asyncio.Task[None],
     ) -> None:
         expected = self.level + 1
-        while True:
-            msg = await self._read(call, applier)
-            if msg is None:
-                if not applier.done():
-                    await self._raise_status(call)
-                return
-            kind = msg.WhichOneof("kind")
-            if kind == "batch":
-                b = msg.batch
-                if b.first_seq != expected:
-                    raise PermanentFeedError(
-                        f"gap in the feed: got seq {b.first_seq}, expected {expected}"
-                    )
-                expected += len(b.entries)
-                self.head = max(self.head, b.head, expected - 1)
-                # Blocks when the apply is behind: back-pressure onto the stream.
-                put = asyncio.ensure_future(
-                    queue.put(Received(b.first_seq, list(b.entries), b.head))
-                )
-                intr = asyncio.ensure_future(self._interrupted.wait())
-                try:
-                    done, _ = await asyncio.wait(
-                        {put, applier, intr}, return_when=asyncio.FIRST_COMPLETED
-                    )
-                finally:
-                    intr.cancel()
-                if put not in done:
-                    put.cancel()
-                    if self._interrupted.is_set():
-                        raise Interrupted()
+        room_entries = max(1, self.batch.max_entries // self.batch.queue_batches)
+        room_bytes = max(1, self.batch.max_bytes // self.batch.queue_batches)
+        pending: Received | None = None  # the item `put` is trying to enqueue
+        pending_bytes = 0
+        put: asyncio.Future[None] | None = None
+        try:
+            while True:
+                msg = await self._read(call, applier)
+                if msg is None:
+                    if not applier.done():
+                        await self._raise_status(call)
                     return
-            elif kind == "in_sync":
-                self.head = max(self.head, msg.in_sync.head)
-                self._in_sync_head = msg.in_sync.head
-                if self.level >= msg.in_sync.head:
-                    self._reached_in_sync(queue)
-            elif kind == "heartbeat":
-                self.head = max(self.head, msg.heartbeat.head)
-            else:
-                raise PermanentFeedError(f"unexpected message {kind!r} from the publisher")
+                kind = msg.WhichOneof("kind")
+                if kind == "batch":
+                    b = msg.batch
+                    if b.first_seq != expected:
+                        raise PermanentFeedError(
+                            f"gap in the feed: got seq {b.first_seq}, expected {expected}"
+                        )
+                    expected += len(b.entries)
+                    self.head = max(self.head, b.head, expected - 1)
+                    size = sum(map(len, b.entries))
+                    if (
+                        put is not None
+                        and not put.done()
+                        and pending is not None
+                        and len(pending.entries) + len(b.entries) <= room_entries
+                        and pending_bytes + size <= room_bytes
+                    ):
+                        # Still waiting for room in the queue: ride along (single
+                        # threaded, so the apply cannot have taken it meanwhile).
+                        pending.entries.extend(b.entries)
+                        pending.head = b.head
+                        pending_bytes += size
+                        continue
+                    if put is not None and not await self._put_done(put, applier):
+                        return
+                    pending = Received(b.first_seq, list(b.entries), b.head)
+                    pending_bytes = size
+                    put = asyncio.ensure_future(queue.put(pending))
+                    continue
+                elif kind == "in_sync":
+                    self.head = max(self.head, msg.in_sync.head)
+                    self._in_sync_head = msg.in_sync.head
+                    if self.level >= msg.in_sync.head:
+                        self._reached_in_sync(queue)
+                elif kind == "heartbeat":
+                    self.head = max(self.head, msg.heartbeat.head)
+                else:
+                    raise PermanentFeedError(f"unexpected message {kind!r} from the publisher")
+        finally:
+            if put is not None and not put.done():
+                put.cancel()  # the session is ending: what was not queued is resent
+
+    async def _put_done(self, put: asyncio.Future[None], applier: asyncio.Task[None]) -> bool:
+        """Wait until ``put`` has queued its item; False if the apply ended first.
+
+        Blocks while the queue is full: back-pressure onto the stream.
+        """
+        if put.done():
+            return True
+        intr = asyncio.ensure_future(self._interrupted.wait())
+        waits: set[asyncio.Future[Any]] = {put, applier, intr}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            intr.cancel()
+        if put in done:
+            return True
+        put.cancel()
+        if self._interrupted.is_set():
+            raise Interrupted()
+        return False
 
     async def _apply_loop(
         self,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -299,3 +301,79 @@ async def test_malformed_and_oversized_requests_get_invalid_argument(pub: Pub) -
     assert "10000 characters long" in details
     assert pub.head() == head
     assert pub.subscribers() == {}
+
+
+class HeldApplier:
+    """A real applier whose next apply can be held, to stand for a slow target."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.sizes: list[int] = []
+        self.hold = False
+        self.gate = threading.Event()
+
+    def load_state(self) -> Any:
+        return self.inner.load_state()
+
+    def apply(self, first_seq: int, entries: list[pb.Entry], *, incarnation: str) -> Any:
+        self.sizes.append(len(entries))
+        if self.hold:
+            self.hold = False
+            self.gate.wait(60)
+        return self.inner.apply(first_seq, entries, incarnation=incarnation)
+
+
+@pytest.mark.spark
+async def test_entries_arriving_during_a_slow_apply_are_applied_together(
+    pub: Pub, spark: Any, tmp_path: Path
+) -> None:
+    """In sync, 300 entries committed while an apply is busy go into a few large batches."""
+    from subscriber.apply import Applier, SqliteWriter
+    from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+    from subscriber.connection import SubscriptionRunner
+
+    pub.publish("bulk", 1)
+    config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
+    held = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
+    # A queue of two received batches: without coalescing an apply would get at most
+    # three of the one-entry batches the publisher sends in sync.
+    runner = SubscriptionRunner(
+        config,
+        "coalescer",
+        cast(Any, held),
+        batch=BatchConfig(max_entries=10_000, queue_batches=2),
+        backoff=BackoffConfig(),
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+
+        async def level(seq: int, what: str) -> None:
+            async def reached() -> None:
+                while runner.level < seq or runner.state != "in_sync":
+                    await asyncio.sleep(0.05)
+
+            try:
+                await asyncio.wait_for(reached(), 120)
+            except TimeoutError:
+                raise AssertionError(f"{what}: level {runner.level}, {runner.state}") from None
+
+        await level(pub.head("bulk"), "caught up")
+        held.hold = True
+        start = len(held.sizes)
+        head = await asyncio.to_thread(pub.publish, "bulk", 1, 10, 1)  # held in apply
+        head = await asyncio.to_thread(pub.publish, "bulk", 300, 10, 2)
+
+        async def received() -> None:
+            while runner.head < head:
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(received(), 60)
+        held.gate.set()
+        await level(head, "applied")
+        after = held.sizes[start:]
+        assert sum(after) == 301, after
+        assert len(after) <= 5, f"{len(after)} applies for 301 entries: {after}"
+    finally:
+        held.gate.set()
+        runner.stop()
+        await asyncio.wait_for(task, 60)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -76,12 +78,16 @@ def test_pause_resume_reconnect_from_the_cli(tmp_path: Path) -> None:
 
 
 def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path) -> None:
-    """Commits outpace the apply: the feed is cut, the subscriber resumes, and converges."""
+    """Commits outpace the apply: the feed is cut, the subscriber resumes, and converges.
+
+    The apply is throttled where it would be in real life, at the target: the test
+    holds the target's write lock for a second at a time, so each apply waits (the
+    writer's busy timeout) while the source keeps committing.
+    """
     pair = Pair(
         tmp_path,
         tables=["counter", "ledger"],
         publication_extra={"queue_threshold": 3},
-        # One entry per apply: each Spark apply costs ~0.1 s, slower than the commits.
         subscriber_extra={"batch": {"max_entries": 1, "queue_batches": 1}},
     )
     src = ledger_source(pair.source_path)
@@ -98,8 +104,6 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
                 ledger_txns(src2, start, 5)
                 start += 5
 
-        import sqlite3
-
         src2 = sqlite3.connect(
             str(pair.source_path), isolation_level=None, timeout=30, check_same_thread=False
         )
@@ -111,11 +115,20 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
             resp = publisher_admin(pair.pub.address).ListSubscribers(pb.ListSubscribersRequest())
             return any("queue threshold" in s.last_cut_reason for s in resp.subscribers)
 
+        blocker = sqlite3.connect(str(pair.target_path), isolation_level=None, timeout=30)
+
+        def throttled_cut() -> bool:
+            blocker.execute("BEGIN IMMEDIATE")  # the apply now waits for the lock
+            time.sleep(1.0)
+            blocker.execute("COMMIT")
+            return cut()
+
         try:
-            wait_until(cut, 150, "a queue-threshold cut")
+            wait_until(throttled_cut, 150, "a queue-threshold cut")
         finally:
             stop.set()
             writer.join()
+            blocker.close()
         wait_equal(src, pair.target_path, LEDGER_COLUMNS, timeout=180)
         assert any("ABORTED" in t.reason for t in pair.status().timeline)
     finally:
