@@ -78,12 +78,32 @@ class Writer(threading.Thread):
             self.error = e
 
 
-def _spawn(dsn: str, logs: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(root=str(ROOT)), dsn, str(logs)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+def _spawn(dsn: str, logs: Path, out: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """Start a capturing child whose output goes to ``out`` (appended); also return
+    where its output starts in that file.
+
+    A file, not a pipe: a long-running child logs more than a pipe holds, and one
+    that nobody reads blocks the child on its next log line.
+    """
+    start = out.stat().st_size if out.exists() else 0
+    with open(out, "ab") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD.format(root=str(ROOT)), dsn, str(logs)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    return child, start
+
+
+def _output(out: Path, start: int) -> str:
+    return out.read_bytes()[start:].decode(errors="replace")
+
+
+def _wait_running(child: subprocess.Popen[bytes], out: Path, start: int) -> None:
+    deadline = time.monotonic() + 60
+    while "running" not in _output(out, start) and child.poll() is None:
+        assert time.monotonic() < deadline, "the child did not start capturing"
+        time.sleep(0.01)
 
 
 def _replay(entries: list[pb.Entry], tables: set[str]) -> dict[str, dict[object, list[object]]]:
@@ -135,22 +155,23 @@ def test_sigkill_during_capture_loses_and_duplicates_nothing(
         conn.execute(f"INSERT INTO k1 SELECT g, -g FROM generate_series(1, {PREEXISTING}) g")
         conn.execute("INSERT INTO shared VALUES (1, 0)")
     logs = tmp_path / "logs"
+    out = tmp_path / "children.out"
     writer = Writer(pg_db)
     writer.start()
     rng = random.Random(int(os.environ.get("TXREPL_SEED", "0")) or None)
     errors: list[str] = []
     try:
         for k in range(kills):
-            child = _spawn(pg_db, logs)
-            if k % 2 == 0 and child.stdout is not None:
+            child, start = _spawn(pg_db, logs, out)
+            if k % 2 == 0:
                 # Right after installation: in the snapshot or the first transactions.
-                child.stdout.readline()
+                _wait_running(child, out, start)
                 time.sleep(rng.uniform(0.0, 0.4))
             else:
                 # Anywhere from start-up to well into streaming.
                 time.sleep(rng.uniform(0.2, 2.0))
             if child.poll() is not None:
-                errors.append(child.stderr.read().decode() if child.stderr else "")
+                errors.append(_output(out, start))
                 break
             child.send_signal(signal.SIGKILL)
             child.wait()
@@ -165,17 +186,19 @@ def test_sigkill_during_capture_loses_and_duplicates_nothing(
     # short), 25 more transactions are streamed; it is done when the slot confirms them.
     n = writer.committed
     with psycopg.connect(pg_db, autocommit=True) as conn:
-        child = _spawn(pg_db, logs)
+        child, start = _spawn(pg_db, logs, out)
 
         def alive() -> None:
-            assert child.poll() is None, child.stderr.read().decode()[-3000:]  # type: ignore[union-attr]
+            assert child.poll() is None, _output(out, start)[-3000:]
 
         deadline = time.monotonic() + 120
         while conn.execute(
             "SELECT bool_and(done) FROM _txrepl.installs WHERE slot = 'crashy'"
         ).fetchone() != (True,):
             alive()
-            assert time.monotonic() < deadline, "snapshots not completed"
+            assert time.monotonic() < deadline, (
+                f"snapshots not completed: {_output(out, start)[-3000:]}"
+            )
             time.sleep(0.05)
         for _ in range(25):
             n += 1
