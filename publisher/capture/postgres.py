@@ -555,44 +555,41 @@ class PostgresCapture:
         want = {k: v for k, v in want.items() if v}
         if not want:
             return None
-        conn = self._replication_conn()
-        try:
-            cur = conn.cursor()
-            tmp = f"{self.slot[:40]}_snap_{int(time.time() * 1000) % 10**9}"
-            cur.execute(
-                f"CREATE_REPLICATION_SLOT \"{tmp}\" TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
-            )
-            row = cur.fetchone()
-            assert row is not None
-            lsn = _parse_lsn(str(row[1]))
-            snapshot = str(row[2])
-        except BaseException:
-            conn.close()
-            raise
+        pending = self.export_snapshot(tag="snap")
+        pending.tables = want
+        lsn = pending.lsn
         admin = self._admin()
-        with self._lock, admin.transaction():
-            for pubname, tables in want.items():
-                ps = state[pubname]
-                for t in tables:
-                    # Recorded before any of the snapshot is logged: see the docstring.
-                    admin.execute(
-                        "UPDATE _txrepl.installs SET snapshot_lsn = %s, incarnation = %s,"
-                        " done = false, schema = NULL"
-                        " WHERE slot = %s AND publication = %s AND tbl = %s",
-                        (lsn, ps.pub.log.incarnation, self.slot, pubname, t),
-                    )
-                    ps.tables[t].snapshot_lsn = lsn
+        try:
+            with self._lock, admin.transaction():
+                for pubname, tables in want.items():
+                    ps = state[pubname]
+                    for t in tables:
+                        # Recorded before any of the snapshot is logged: see the docstring.
+                        admin.execute(
+                            "UPDATE _txrepl.installs SET snapshot_lsn = %s, incarnation = %s,"
+                            " done = false, schema = NULL"
+                            " WHERE slot = %s AND publication = %s AND tbl = %s",
+                            (lsn, ps.pub.log.incarnation, self.slot, pubname, t),
+                        )
+                        ps.tables[t].snapshot_lsn = lsn
+        except BaseException:
+            pending.conn.close()
+            raise
         log.info("snapshot prepared", lsn=_format_lsn(lsn), tables=want)
-        return _PendingSnapshot(lsn, snapshot, conn, want)
+        return pending
 
     # -- on-demand snapshots (publisher/snapshot.py) ---------------------------------
 
-    def export_snapshot(self) -> _PendingSnapshot:
-        """A temporary slot with an exported snapshot; close ``.conn`` when done reading."""
+    def export_snapshot(self, tag: str = "rsnap") -> _PendingSnapshot:
+        """A temporary slot with an exported snapshot; close ``.conn`` when done reading.
+
+        ``tag`` goes into the slot's name: ``snap`` for installs, ``rsnap`` for
+        on-demand snapshots.
+        """
         conn = self._replication_conn()
         try:
             cur = conn.cursor()
-            tmp = f"{self.slot[:40]}_rsnap_{int(time.time() * 1000) % 10**9}"
+            tmp = f"{self.slot[:40]}_{tag}_{int(time.time() * 1000) % 10**9}"
             cur.execute(
                 f"CREATE_REPLICATION_SLOT \"{tmp}\" TEMPORARY LOGICAL pgoutput (SNAPSHOT 'export')"
             )
