@@ -33,6 +33,7 @@ from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import (
     Applier,
+    ApplyResult,
     PostgresWriter,
     SparkSettings,
     SqliteWriter,
@@ -253,22 +254,30 @@ def main() -> None:
         for total in args.large:
             per = 100
             batch = [_entry(level + 1 + i, per, total) for i in range(total // per)]
-            g0 = _backend_cpu_s(writer)
-            t0, p0, j0 = time.perf_counter(), time.process_time(), _cpu_s(jvm_pid)
-            res = applier.apply(level + 1, batch, incarnation="b")
+            res, line = _timed_apply(applier, writer, jvm_pid, level, batch)
             level = res.level
-            dt = time.perf_counter() - t0
-            py, jv = time.process_time() - p0, _cpu_s(jvm_pid) - j0
-            pg = _backend_cpu_s(writer) - g0
-            print(
-                f"large: {res.rows} row changes ({res.entries} entries, {res.written} net rows): "
-                f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s; CPU s: python {py:.2f}, "
-                f"jvm {jv:.2f}, postgres backend {pg:.2f} "
-                f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
-            )
+            print(f"large: {line}")
         if args.w1:
             _w1(applier, writer, jvm_pid, args.w1, args.w1_repeat)
     spark.stop()
+
+
+def _timed_apply(
+    applier: Applier, writer: Writer, jvm_pid: int, level: int, batch: list[pb.Entry]
+) -> tuple[ApplyResult, str]:
+    """Apply ``batch`` after ``level``; the result and a line with its rate and CPU split."""
+    g0 = _backend_cpu_s(writer)
+    t0, p0, j0 = time.perf_counter(), time.process_time(), _cpu_s(jvm_pid)
+    res = applier.apply(level + 1, batch, incarnation="b")
+    dt = time.perf_counter() - t0
+    py, jv = time.process_time() - p0, _cpu_s(jvm_pid) - j0
+    pg = _backend_cpu_s(writer) - g0
+    return res, (
+        f"{res.rows} row changes ({res.entries} entries, {res.written} net rows): "
+        f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s; CPU s: python {py:.2f}, "
+        f"jvm {jv:.2f}, postgres backend {pg:.2f} "
+        f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
+    )
 
 
 def _w1(applier: Applier, writer: Writer, jvm_pid: int, sizes: list[int], repeat: int) -> None:
@@ -288,20 +297,11 @@ def _w1(applier: Applier, writer: Writer, jvm_pid: int, sizes: list[int], repeat
         for _ in range(repeat):
             batch = stream[at : at + size]
             at += size
-            g0 = _backend_cpu_s(writer)
-            t0, p0, j0 = time.perf_counter(), time.process_time(), _cpu_s(jvm_pid)
-            res = applier.apply(level + 1, batch, incarnation="b")
+            t0 = time.perf_counter()
+            res, line = _timed_apply(applier, writer, jvm_pid, level, batch)
+            rates.append(res.rows / (time.perf_counter() - t0))
             level = res.level
-            dt = time.perf_counter() - t0
-            py, jv = time.process_time() - p0, _cpu_s(jvm_pid) - j0
-            pg = _backend_cpu_s(writer) - g0
-            rates.append(res.rows / dt)
-            print(
-                f"w1: {res.entries} entries, {res.rows} row changes ({res.written} net rows): "
-                f"{dt:.2f} s, {res.rows / dt:,.0f} row changes/s; CPU s: python {py:.2f}, "
-                f"jvm {jv:.2f}, postgres backend {pg:.2f} "
-                f"({(py + jv + pg) / res.rows * 1e6:.1f} us/row)"
-            )
+            print(f"w1: {line}")
         print(f"w1: {size} entries per batch: median {statistics.median(rates):,.0f} row changes/s")
 
 
