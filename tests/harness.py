@@ -212,6 +212,12 @@ class Pair:
         path.write_text(to_toml(cfg))
         return path
 
+    def reinit_argv(self, subscription: str = "pub1.shop") -> list[str]:
+        """``txrepl subscriber reinit SUBSCRIPTION`` against this pair's subscriber config."""
+        config = self.workdir / "subscriber.toml"
+        return [sys.executable, "-m", "common.cli", "subscriber", "reinit", subscription,
+                "--config", str(config)]  # fmt: skip
+
     def write_subscriber_config(self, publisher_address: str) -> Path:
         cfg: dict[str, Any] = {
             "server_name": self.subscriber_name,

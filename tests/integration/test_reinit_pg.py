@@ -12,7 +12,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -38,16 +37,7 @@ def _bursts(src: sqlite3.Connection, w1: W1, n: int, size: int = 3) -> None:
 
 def _reinit(pair: Pair) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "common.cli",
-            "subscriber",
-            "reinit",
-            "pub1.shop",
-            "--config",
-            str(pair.workdir / "subscriber.toml"),
-        ],
+        pair.reinit_argv(),
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
