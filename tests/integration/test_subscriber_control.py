@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +80,8 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
     """Commits outpace the apply: the feed is cut, the subscriber resumes, and converges.
 
     The apply is throttled where it would be in real life, at the target: the test
-    holds the target's write lock for a second at a time, so each apply waits (the
-    writer's busy timeout) while the source keeps committing.
+    holds the target's write lock, so the apply waits (the writer's busy timeout)
+    while the source keeps committing.
     """
     pair = Pair(
         tmp_path,
@@ -107,28 +106,25 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
         src2 = sqlite3.connect(
             str(pair.source_path), isolation_level=None, timeout=30, check_same_thread=False
         )
-        writer = threading.Thread(target=load)
-        writer.start()
 
         def cut() -> bool:
             assert pair.pub is not None
             resp = publisher_admin(pair.pub.address).ListSubscribers(pb.ListSubscribersRequest())
             return any("queue threshold" in s.last_cut_reason for s in resp.subscribers)
 
+        # The target's write lock is held while the source commits: the apply waits,
+        # nothing is acked, and the entries pile up past the threshold.
         blocker = sqlite3.connect(str(pair.target_path), isolation_level=None, timeout=30)
-
-        def throttled_cut() -> bool:
-            blocker.execute("BEGIN IMMEDIATE")  # the apply now waits for the lock
-            time.sleep(1.0)
-            blocker.execute("COMMIT")
-            return cut()
-
+        blocker.execute("BEGIN IMMEDIATE")
+        writer = threading.Thread(target=load)
+        writer.start()
         try:
-            wait_until(throttled_cut, 150, "a queue-threshold cut")
+            wait_until(cut, 60, "a queue-threshold cut")
         finally:
+            blocker.execute("COMMIT")
+            blocker.close()
             stop.set()
             writer.join()
-            blocker.close()
         wait_equal(src, pair.target_path, LEDGER_COLUMNS, timeout=180)
         assert any("ABORTED" in t.reason for t in pair.status().timeline)
     finally:
