@@ -283,11 +283,9 @@ def test_snapshot_from_a_postgresql_source_is_exactly_the_log_at_its_seq(
     try:
         pub = pair.start_publisher()
         wait_until(lambda: pair.head() > 0, 60, "the install snapshot in the log")
-        t = threading.Thread(target=writer, daemon=True)
-        t.start()
-        for _ in range(2):
-            goal = len(written) + 30
-            wait_until(lambda: len(written) >= goal, 60, "more transactions")  # noqa: B023
+
+        def snapshot(chunk_rows: int = 5000) -> tuple[int, str]:  # load_snapshot's default
+            """Load a snapshot into a new database; its seq and the database."""
             dst_dsn = pg_server.create_database()
             _incarnation, seq = load_snapshot(
                 address=pub.address,
@@ -296,23 +294,22 @@ def test_snapshot_from_a_postgresql_source_is_exactly_the_log_at_its_seq(
                 subscriber="sub1",
                 subscription="pub1.shop",
                 target=dst_dsn,
-                chunk_rows=100,  # several chunks per table
+                chunk_rows=chunk_rows,
             )
-            loads.append((seq, dst_dsn))
+            return seq, dst_dsn
+
+        t = threading.Thread(target=writer, daemon=True)
+        t.start()
+        for _ in range(2):
+            goal = len(written) + 30
+            wait_until(lambda: len(written) >= goal, 60, "more transactions")  # noqa: B023
+            loads.append(snapshot(chunk_rows=100))  # several chunks per table
         stop.set()
         t.join(30)
         wait_until(lambda: pair.head() > loads[-1][0], 30, "entries after the last snapshot")
         time.sleep(1.0)  # the source is idle now: the stream reaches C by a keepalive
         head = pair.head()
-        dst_dsn = pg_server.create_database()
-        _incarnation, seq = load_snapshot(
-            address=pub.address,
-            publisher="pub1",
-            publication="shop",
-            subscriber="sub1",
-            subscription="pub1.shop",
-            target=dst_dsn,
-        )
+        seq, dst_dsn = snapshot()
         assert seq == head
         loads.append((seq, dst_dsn))
     finally:
