@@ -28,7 +28,10 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            0.5 ms, so the poller does not share a GIL with the source writer.
 
 Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
-20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000).
+20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000);
+``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three) and
+``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
+working on one of them; the figures in the README come from full runs.
 
     .venv/bin/python -m tests.bench w1
 """
@@ -85,12 +88,28 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value.strip() else default
 
 
+SYSTEMS = ("txrepl sqlite", "pg native", "txrepl pg")
+
+
+def _env_list(name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    value = os.environ.get(name, "")
+    if not value.strip():
+        return allowed
+    chosen = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [v for v in chosen if v not in allowed]
+    if unknown:
+        raise SystemExit(f"{name}: unknown {', '.join(unknown)} (choose from {', '.join(allowed)})")
+    return chosen
+
+
 @dataclass(frozen=True)
 class Settings:
     t: int = 100_000
     lag_t: int = 20_000
     runs: int = 3
     rate: int = 1000
+    systems: tuple[str, ...] = SYSTEMS
+    measures: tuple[str, ...] = ("catch_up", "lag")
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -100,6 +119,8 @@ class Settings:
             lag_t=_env_int("TXREPL_BENCH_LAG_T", min(t, 20_000)),
             runs=_env_int("TXREPL_BENCH_RUNS", 3),
             rate=_env_int("TXREPL_BENCH_RATE", 1000),
+            systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS),
+            measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag")),
         )
 
 
@@ -857,7 +878,9 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     base = Path(tempfile.mkdtemp(prefix="txrepl-bench-w1-"))
 
     def measure(rig: Rig) -> None:
-        for run_no in range(1, cfg.runs + 1):
+        if rig.name not in cfg.systems:
+            return
+        for run_no in range(1, cfg.runs + 1 if "catch_up" in cfg.measures else 1):
             row = catch_up(rig, catch, counts, run_no)
             print(
                 f"  {rig.name} catch-up run {run_no}: {row['row_changes_per_s']:,.0f} rows/s "
@@ -866,7 +889,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 flush=True,
             )
             res.rows.append(row)
-        for run_no in range(1, cfg.runs + 1):
+        for run_no in range(1, cfg.runs + 1 if "lag" in cfg.measures else 1):
             for row in in_sync_lag(rig, txns, cfg.lag_t, cfg.rate, run_no):
                 print(
                     f"  {rig.name} lag run {run_no} at {row['rate']}: p50 {row['p50_ms']} ms, "
@@ -880,7 +903,9 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     from tests.bench._pg import bench_cluster, pg_reason
 
     reason = pg_reason()
-    if reason is not None:
+    if not {"pg native", "txrepl pg"} & set(cfg.systems):
+        pass
+    elif reason is not None:
         for system in ("pg native", "txrepl pg"):
             skipped.append({"system": system, "measure": "all", "skipped": reason})
     else:
@@ -893,8 +918,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
             else:
                 skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
     res.rows.extend(skipped)
-    systems = ["txrepl sqlite", "pg native", "txrepl pg"]
-    summaries = res.summarise(systems, cfg.rate)
+    summaries = res.summarise(list(cfg.systems), cfg.rate)
     ratios = res.ratios(summaries, cfg.rate)
     print_table(summaries, ratios, skipped)
     path = plot(results_dir, res, summaries, cfg.rate)

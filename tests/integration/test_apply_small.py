@@ -1,0 +1,64 @@
+"""The driver-side net effect of small batches equals Spark's, key type by key type."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from subscriber.apply._events import net_effect_positions
+from subscriber.apply._small import net_effect_positions_local, supported
+
+pytestmark = pytest.mark.spark
+
+# Few distinct values per type, so keys repeat and the last event must win.
+KEY_VALUES = {
+    "int": (pa.int64(), st.sampled_from([None, -1, 0, 7, 2**40])),
+    "text": (pa.string(), st.sampled_from([None, "", "a", "é", "a "])),
+    "bytes": (pa.binary(), st.sampled_from([None, b"", b"\x00", b"ab"])),
+    "float": (pa.float64(), st.sampled_from([None, 0.0, -0.0, 1.5, math.nan, -math.nan])),
+    "bool": (pa.bool_(), st.sampled_from([None, True, False])),
+    "date": (pa.date32(), st.sampled_from([None, 0, 19000])),
+    "tstz": (
+        pa.struct([("utc_us", pa.int64()), ("offset_s", pa.int64())]),
+        st.sampled_from([None, {"utc_us": 1, "offset_s": 0}, {"utc_us": 1, "offset_s": 3600}]),
+    ),
+}
+
+
+@st.composite
+def segments(draw: st.DrawFn) -> list[pa.Table]:
+    out = []
+    pos = 0
+    for _ in range(draw(st.integers(1, 3))):
+        kinds = draw(st.lists(st.sampled_from(sorted(KEY_VALUES)), min_size=1, max_size=2))
+        n = draw(st.integers(0, 25))
+        cols: dict[str, pa.Array] = {"_pos": pa.array(np.arange(pos, pos + n), pa.int64())}
+        pos += n
+        for j, kind in enumerate(kinds):
+            atype, values = KEY_VALUES[kind]
+            cols[f"c{j}"] = pa.array([draw(values) for _ in range(n)], atype)
+        out.append(pa.table(cols))
+    return out
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(segs=segments())
+def test_local_net_effect_is_sparks(spark, segs: list[pa.Table]) -> None:
+    assert supported(segs)
+    local = net_effect_positions_local(segs)
+    remote = net_effect_positions(spark, [s for s in segs])
+    assert [p.tolist() for p in local] == [p.tolist() for p in remote]
+
+
+def test_unsupported_key_types_are_left_to_spark() -> None:
+    keys = pa.table(
+        {"_pos": pa.array([0], pa.int64()), "c0": pa.array([[1]], pa.list_(pa.int64()))}
+    )
+    assert not supported([keys])
