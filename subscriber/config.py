@@ -122,11 +122,17 @@ class BatchConfig:
     max_entries: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
     queue_batches: int = 16  # received batches waiting to be applied (back-pressure)
+    # In sync, an apply that finds fewer than max_entries waiting waits up to this long
+    # for more (fewer, larger target transactions at the cost of lag); 0: apply at once,
+    # with whatever arrived while the previous apply ran.
+    max_delay_ms: int = 0
 
     def __post_init__(self) -> None:
         for field in ("max_entries", "max_bytes", "queue_batches"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")
+        if not 0 <= self.max_delay_ms <= 60_000:
+            raise ValueError(f"max_delay_ms must be between 0 and 60000, not {self.max_delay_ms}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +190,10 @@ class ApplyConfig:
     error_policy: Literal["stop", "skip"] = "stop"  # after a poisoned entry is stored
     retries: int = 5  # attempts for transient target errors (connection lost, lock timeout)
     jdbc_min_rows: int = 0  # PostgreSQL: Spark JDBC staging from this many row changes (0: off)
+    # Batches of plain tables with fewer row changes compute their net effect in the
+    # driver (Arrow) instead of a Spark job, whose fixed cost bounds the in-sync lag
+    # (docs/apply.md); 0 sends every batch through Spark.
+    spark_min_rows: int = 10_000
     tables: dict[str, TableApplyConfig] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -191,6 +201,8 @@ class ApplyConfig:
             raise ValueError("apply.retries must be at least 1")
         if self.jdbc_min_rows < 0:
             raise ValueError("apply.jdbc_min_rows must not be negative")
+        if self.spark_min_rows < 0:
+            raise ValueError("apply.spark_min_rows must not be negative")
 
 
 @dataclasses.dataclass(frozen=True)

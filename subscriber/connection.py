@@ -521,16 +521,25 @@ class SubscriptionRunner:
             payloads = list(item.entries)
             size = sum(map(len, payloads))
             # Natural batching: everything that arrived while the last apply ran goes into
-            # this one, up to the limits.
-            while not queue.empty() and len(payloads) < self.batch.max_entries:
-                nxt = queue.get_nowait()
+            # this one, up to the limits; in sync, optionally waiting max_delay_ms for more.
+            deadline = time.monotonic() + self.batch.max_delay_ms / 1000
+            lingering = self.batch.max_delay_ms > 0 and self.state == "in_sync"
+            while len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+                if queue.empty():
+                    left = deadline - time.monotonic()
+                    if not lingering or left <= 0:
+                        break
+                    try:
+                        nxt = await asyncio.wait_for(queue.get(), left)
+                    except TimeoutError:
+                        break
+                else:
+                    nxt = queue.get_nowait()
                 if nxt is None:
                     queue.put_nowait(None)
                     break
                 payloads.extend(nxt.entries)
                 size += sum(map(len, nxt.entries))
-                if size >= self.batch.max_bytes:
-                    break
             entries = [pb.Entry.FromString(p) for p in payloads]
             started = time.monotonic()
             result = await asyncio.to_thread(

@@ -55,6 +55,9 @@ class ApplyOptions:
     retry_initial_s: float = 0.2
     retry_max_s: float = 5.0
     jdbc_min_rows: int = 0  # PostgreSQL: stage through Spark JDBC from this many rows
+    # Plain-table batches of fewer row changes: net effect in the driver, no Spark
+    # job (its fixed cost would bound the in-sync lag); 0: every batch through Spark.
+    spark_min_rows: int = 10_000
     tables: Mapping[str, TableOptions] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -62,6 +65,8 @@ class ApplyOptions:
             raise ValueError("error_policy: must be 'stop' or 'skip'")
         if self.retries < 1:
             raise ValueError("retries: must be at least 1")
+        if self.spark_min_rows < 0:
+            raise ValueError("spark_min_rows: must not be negative")
 
     @classmethod
     def from_config(cls, config: Any) -> ApplyOptions:
@@ -70,6 +75,7 @@ class ApplyOptions:
             error_policy=config.error_policy,
             retries=config.retries,
             jdbc_min_rows=config.jdbc_min_rows,
+            spark_min_rows=config.spark_min_rows,
             tables={
                 name: TableOptions(
                     target=t.target,

@@ -6,6 +6,7 @@ import asyncio
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -375,5 +376,54 @@ async def test_entries_arriving_during_a_slow_apply_are_applied_together(
         assert len(after) <= 5, f"{len(after)} applies for 301 entries: {after}"
     finally:
         held.gate.set()
+        runner.stop()
+        await asyncio.wait_for(task, 60)
+
+
+DELAY_MS = 5000
+
+
+@pytest.mark.spark
+async def test_in_sync_an_apply_waits_max_delay_for_more_entries(
+    pub: Pub, spark: Any, tmp_path: Path
+) -> None:
+    """With ``max_delay_ms``, entries committed one by one, 0.5 s apart, share an apply."""
+    from subscriber.apply import Applier, SqliteWriter
+    from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+    from subscriber.connection import SubscriptionRunner
+
+    pub.publish("bulk", 1)
+    config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
+    counted = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
+    runner = SubscriptionRunner(
+        config,
+        "lingerer",
+        cast(Any, counted),
+        batch=BatchConfig(max_delay_ms=DELAY_MS),
+        backoff=BackoffConfig(),
+    )
+    task = asyncio.create_task(runner.run())
+    try:
+
+        async def reached(seq: int) -> None:
+            while runner.level < seq or runner.state != "in_sync":
+                await asyncio.sleep(0.02)
+
+        await asyncio.wait_for(reached(pub.head("bulk")), 120)
+        start = len(counted.sizes)
+        began = time.monotonic()
+        head = 0
+        for i in range(5):
+            head = await asyncio.to_thread(pub.publish, "bulk", 1, 10, 1 + i)
+            await asyncio.sleep(0.5)
+        await asyncio.wait_for(reached(head), 60)
+        took = time.monotonic() - began
+        after = counted.sizes[start:]
+        assert sum(after) == 5, after
+        # Without the delay each entry is applied as it comes (an apply each); with it,
+        # the first apply waits up to DELAY_MS for more, so the five share one or two.
+        assert len(after) <= 2, f"{len(after)} applies for 5 entries: {after}"
+        assert took < DELAY_MS / 1000 + 10, took
+    finally:
         runner.stop()
         await asyncio.wait_for(task, 60)

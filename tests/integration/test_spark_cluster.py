@@ -32,6 +32,9 @@ from tests.workload import W1, W1_COLUMNS, diff_tables, run_sqlite, sqlite_sourc
 pytestmark = pytest.mark.spark
 
 APP_NAME = "txrepl-subscriber"
+# These batches are small: without this their net effect would be computed in the
+# driver, and the cluster would never see a job.
+SPARK_ALWAYS = {"spark_min_rows": 0}
 
 
 def cluster_spark(cluster: SparkCluster, **conf: str) -> dict[str, Any]:
@@ -144,7 +147,11 @@ def test_catch_up_through_cluster(tmp_path: Path, spark_cluster_healthy: SparkCl
     pair = Pair(
         tmp_path,
         tables=["accounts", "orders"],
-        subscriber_extra={"spark": cluster_spark(cluster), "batch": {"max_entries": 500}},
+        subscriber_extra={
+            "spark": cluster_spark(cluster),
+            "batch": {"max_entries": 500},
+            "apply": SPARK_ALWAYS,
+        },
     )
     src = sqlite_source(pair.source_path)
     w1 = W1(accounts=300)
@@ -192,7 +199,7 @@ def test_catch_up_into_postgres_through_cluster(
             "target": pg_db,
             "spark": spark,
             "batch": {"max_entries": 500},
-            "apply": {"jdbc_min_rows": 1},
+            "apply": {"jdbc_min_rows": 1, **SPARK_ALWAYS},
         },
     )
     src = sqlite_source(pair.source_path)
@@ -233,7 +240,11 @@ def test_workers_and_master_lost_mid_catch_up(
         # Small batches (the publisher sends 10 entries a message, the subscriber
         # applies at most 10 at a time), so a fault lands in the middle of one.
         publication_extra={"batch_entries": 10},
-        subscriber_extra={"spark": cluster_spark(cluster), "batch": {"max_entries": 10}},
+        subscriber_extra={
+            "spark": cluster_spark(cluster),
+            "batch": {"max_entries": 10},
+            "apply": SPARK_ALWAYS,
+        },
     )
     src = ledger_source(pair.source_path)
     watcher = LevelWatcher(pair.target_path, f"{pair.publisher_name}.{pair.publication}")

@@ -147,3 +147,26 @@ def test_unrelated_txrepl_variables_are_ignored(tmp_path: Path) -> None:
         environ={"TXREPL_BENCH_T": "1000", "TXREPL_ADMIN_TOKEN": "x", "TXREPL_SERVER_NAME": "s9"},
     )
     assert cfg.server_name == "s9"
+
+
+@pytest.mark.parametrize(
+    ("extra", "key", "problem"),
+    [
+        ("\n[batch]\nmax_delay_ms = -5\n", "batch", "max_delay_ms must be between 0 and 60000"),
+        ("\n[apply]\nspark_min_rows = -1\n", "apply", "spark_min_rows must not be negative"),
+    ],
+)
+def test_subscriber_batch_and_apply_limits_are_checked(
+    tmp_path: Path, extra: str, key: str, problem: str
+) -> None:
+    path = _write(tmp_path, SUB + extra)
+    with pytest.raises(ConfigError) as err:
+        load_subscriber(path)
+    assert key in str(err.value)
+    assert problem in str(err.value)
+
+
+def test_subscriber_batch_and_apply_defaults(tmp_path: Path) -> None:
+    sub = load_subscriber(_write(tmp_path, SUB))
+    assert sub.batch.max_delay_ms == 0
+    assert sub.apply.spark_min_rows == 10_000
