@@ -16,13 +16,14 @@ States and transitions (each logged and kept, timestamped, in the timeline)::
 Back-pressure: received batches wait in a bounded queue (``queue_batches``);
 the receive loop blocks on a full queue and stops reading the stream, so a slow
 apply shows at the publisher as a slow feed, never as memory growth here.
-Coalescing: a batch that arrives while the previous one still waits for room in
-the queue joins it (consecutive seqs), up to 1/``queue_batches`` of the batch
-limits (``max_entries``, ``max_bytes``); only a full one blocks the reading.  In
-sync the publisher sends entries one by one as they commit, so without this a
-slow apply would get at most ``queue_batches`` entries per batch and fall behind
-a busy source however large ``max_entries`` is.  Memory stays bounded by the same
-limits: the queue holds at most ``queue_batches`` items of that size.
+Coalescing: a batch that arrives while the previous one has not been taken by
+the apply yet (waiting for room in the queue, or queued) joins it (consecutive
+seqs), up to 1/``queue_batches`` of the batch limits (``max_entries``,
+``max_bytes``); only a full queue blocks the reading.  In sync the publisher
+sends entries one by one as they commit, so without this an apply would get at
+most ``queue_batches`` entries and fall behind a busy source however large
+``max_entries`` is.  Memory stays bounded by the same limits: the queue holds at
+most ``queue_batches`` items of that size, plus the one waiting for room.
 
 Exactly once: the level lives in the target, written in the same transaction as
 the rows (subscriber/apply).  After any disconnect, batches received but not yet
@@ -88,6 +89,8 @@ class Received:
     entries: list[bytes]
     head: int
     received_at: float = field(default_factory=time.monotonic)
+    size: int = 0  # bytes of the entries
+    taken: bool = False  # by the apply loop: nothing may join it any more
 
 
 class SubscriptionRunner:
@@ -436,8 +439,7 @@ class SubscriptionRunner:
         expected = self.level + 1
         room_entries = max(1, self.batch.max_entries // self.batch.queue_batches)
         room_bytes = max(1, self.batch.max_bytes // self.batch.queue_batches)
-        pending: Received | None = None  # the item `put` is trying to enqueue
-        pending_bytes = 0
+        last: Received | None = None  # the newest item, queued or waiting for room
         put: asyncio.Future[None] | None = None
         try:
             while True:
@@ -457,23 +459,21 @@ class SubscriptionRunner:
                     self.head = max(self.head, b.head, expected - 1)
                     size = sum(map(len, b.entries))
                     if (
-                        put is not None
-                        and not put.done()
-                        and pending is not None
-                        and len(pending.entries) + len(b.entries) <= room_entries
-                        and pending_bytes + size <= room_bytes
+                        last is not None
+                        and not last.taken
+                        and len(last.entries) + len(b.entries) <= room_entries
+                        and last.size + size <= room_bytes
                     ):
-                        # Still waiting for room in the queue: ride along (single
-                        # threaded, so the apply cannot have taken it meanwhile).
-                        pending.entries.extend(b.entries)
-                        pending.head = b.head
-                        pending_bytes += size
+                        # Not taken by the apply yet: ride along (single threaded, so
+                        # the apply cannot take it meanwhile).
+                        last.entries.extend(b.entries)
+                        last.head = b.head
+                        last.size += size
                         continue
                     if put is not None and not await self._put_done(put, applier):
                         return
-                    pending = Received(b.first_seq, list(b.entries), b.head)
-                    pending_bytes = size
-                    put = asyncio.ensure_future(queue.put(pending))
+                    last = Received(b.first_seq, list(b.entries), b.head, size=size)
+                    put = asyncio.ensure_future(queue.put(last))
                     continue
                 elif kind == "in_sync":
                     self.head = max(self.head, msg.in_sync.head)
@@ -517,9 +517,10 @@ class SubscriptionRunner:
             item = await queue.get()
             if item is None:
                 return
+            item.taken = True
             first_seq = item.first_seq
             payloads = list(item.entries)
-            size = sum(map(len, payloads))
+            size = item.size
             # Natural batching: everything that arrived while the last apply ran goes into
             # this one, up to the limits; in sync, optionally waiting max_delay_ms for more.
             deadline = time.monotonic() + self.batch.max_delay_ms / 1000
@@ -538,8 +539,9 @@ class SubscriptionRunner:
                 if nxt is None:
                     queue.put_nowait(None)
                     break
+                nxt.taken = True
                 payloads.extend(nxt.entries)
-                size += sum(map(len, nxt.entries))
+                size += nxt.size
             entries = [pb.Entry.FromString(p) for p in payloads]
             started = time.monotonic()
             result = await asyncio.to_thread(

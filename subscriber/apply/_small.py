@@ -60,7 +60,7 @@ def _flat(keys: pa.Table) -> pa.Table:
 def _groupable(t: pa.DataType) -> bool:
     if pa.types.is_struct(t):
         return all(_groupable(f.type) for f in t)
-    return (
+    return bool(
         pa.types.is_integer(t)
         or pa.types.is_floating(t)
         or pa.types.is_boolean(t)
@@ -75,7 +75,7 @@ def _groupable(t: pa.DataType) -> bool:
 
 def supported(segments: Sequence[pa.Table]) -> bool:
     """True when every key column of ``segments`` can be grouped here."""
-    return all(_groupable(t) for keys in segments for t in keys.schema.types[1:])
+    return all(bool(_groupable(t)) for keys in segments for t in keys.schema.types[1:])
 
 
 def net_effect_positions_local(segments: Sequence[pa.Table]) -> list[np.ndarray]:

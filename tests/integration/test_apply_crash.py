@@ -68,10 +68,19 @@ def make_entry(seq: int) -> pb.Entry:
 
 
 def child(target: str, total: int) -> None:
-    from subscriber.apply import Applier, SparkSettings, SqliteWriter, create_spark_session
+    from subscriber.apply import (
+        Applier,
+        ApplyOptions,
+        SparkSettings,
+        SqliteWriter,
+        create_spark_session,
+    )
 
     spark = create_spark_session(SparkSettings(master="local[2]", app_name="txrepl-crash"))
-    applier = Applier(spark, SqliteWriter(target), subscription="crash")
+    # Every batch through Spark, however small: this is the Spark apply under kills.
+    applier = Applier(
+        spark, SqliteWriter(target), subscription="crash", options=ApplyOptions(spark_min_rows=0)
+    )
     rng = random.Random()
     level = applier.load_state().level
     while level < total:

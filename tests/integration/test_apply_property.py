@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier, SqliteWriter
+from subscriber.apply import Applier, ApplyOptions, SqliteWriter
 
 pytestmark = pytest.mark.spark
 
@@ -165,9 +165,13 @@ def target_rows(path: Path, table: str) -> set[tuple[Any, ...]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=streams())
-def test_batched_apply_equals_reference(spark: Any, case: tuple[list[pb.Entry], list[int]]) -> None:
+@pytest.mark.parametrize("spark_min_rows", [0, 10_000], ids=["spark", "driver"])
+def test_batched_apply_equals_reference(
+    spark: Any, spark_min_rows: int, case: tuple[list[pb.Entry], list[int]]
+) -> None:
     """Random inserts, updates, deletes, key changes and added columns, in random batches,
-    leave the target exactly as applying the ops one by one does."""
+    leave the target exactly as applying the ops one by one does: with the net effect
+    computed by a Spark job and, for small batches, in the driver."""
     entries, sizes = case
     reference: dict[str, Table] = {}
     for e in entries:
@@ -175,7 +179,8 @@ def test_batched_apply_equals_reference(spark: Any, case: tuple[list[pb.Entry], 
             reference_apply(reference, op)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "target.db"
-        applier = Applier(spark, SqliteWriter(path), subscription="prop")
+        options = ApplyOptions(spark_min_rows=spark_min_rows)
+        applier = Applier(spark, SqliteWriter(path), subscription="prop", options=options)
         seq = 1
         for n in sizes:
             res = applier.apply(seq, entries[seq - 1 : seq - 1 + n], incarnation="i")
