@@ -39,14 +39,14 @@ import pyarrow.compute as pc
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._wire import decode_column
+from subscriber.apply._wire import decode_column, gather
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 T = pb.ColumnType
 
-__all__ = ["EventBuffer", "net_effect", "net_effect_df", "net_effect_positions"]
+__all__ = ["EventBuffer", "WireEvents", "net_effect", "net_effect_df", "net_effect_positions"]
 
 _WHICH = methodcaller("WhichOneof", "kind")
 _NULLS = frozenset((None, "null"))
@@ -281,8 +281,11 @@ def _column(index: int, column: pb.Column, cells: list[pb.Value]) -> tuple[str, 
         return f"v{index}", pa.array(blobs, type=pa.binary())
 
 
-def _wire_column(index: int, column: pb.Column, cells: list[bytes]) -> tuple[str, pa.Array]:
-    """Column ``index`` of serialized ``Value`` cells: decoded by numpy when it can be."""
+def _wire_column(
+    index: int, column: pb.Column, cells: list[bytes] | pa.Array
+) -> tuple[str, pa.Array]:
+    """Column ``index`` of serialized ``Value`` cells (a list or one Arrow binary
+    array): decoded by numpy when it can be."""
     got = decode_column(column.type, cells)
     if got is not None:
         arr, valid = got
@@ -293,15 +296,37 @@ def _wire_column(index: int, column: pb.Column, cells: list[bytes]) -> tuple[str
             if not valid.all():
                 text = pc.if_else(pa.array(valid), text, pa.scalar(None, pa.string()))
             return f"c{index}", text
+    if isinstance(cells, pa.Array):
+        cells = cells.to_pylist()
     return _column(index, column, [pb.Value.FromString(b) for b in cells])
+
+
+@dataclass(frozen=True)
+class WireEvents:
+    """Events held as arrays, their cells as spans of one byte buffer (see ``_walk.py``).
+
+    ``starts`` and ``lengths`` are ``(width, events)``: the serialized ``Value`` of
+    schema column ``i`` of event ``j`` is ``data[starts[i, j] : starts[i, j] +
+    lengths[i, j]]`` (an empty span is NULL).
+    """
+
+    seqs: np.ndarray  # int64
+    positions: np.ndarray  # int64
+    deletes: np.ndarray  # bool
+    ops: np.ndarray  # int8
+    data: np.ndarray  # uint8
+    starts: np.ndarray  # int64
+    lengths: np.ndarray  # int64
 
 
 @dataclass
 class EventBuffer:
     """The events of one table within one segment, in arrival order.
 
-    ``cells`` holds the events' rows flat, ``width`` serialized ``Value`` cells per
-    event (``b""``, NULL, for the non-key cells of a delete).
+    Either built event by event (:meth:`add`): ``cells`` holds the events' rows
+    flat, ``width`` serialized ``Value`` cells per event (``b""``, NULL, for the
+    non-key cells of a delete); or made whole from arrays (:meth:`from_wire`),
+    the list fields then stay empty and :attr:`wire` holds the events.
     """
 
     schema: pb.TableSchema
@@ -310,6 +335,7 @@ class EventBuffer:
     deletes: list[bool] = field(default_factory=list)
     cells: list[bytes] = field(default_factory=list)
     ops: list[int] = field(default_factory=list)  # the RowOp each event came from
+    wire: WireEvents | None = None
     key_index: list[int] = field(init=False)
     width: int = field(init=False)  # number of schema columns
     _columns: dict[int, tuple[str, pa.Array]] = field(init=False, default_factory=dict)
@@ -319,24 +345,41 @@ class EventBuffer:
         self.key_index = [names.index(k) for k in self.schema.primary_key]
         self.width = len(names)
 
+    @classmethod
+    def from_wire(cls, schema: pb.TableSchema, wire: WireEvents) -> EventBuffer:
+        return cls(schema, wire=wire)
+
     def add(self, seq: int, pos: int, delete: bool, row: Sequence[bytes], op: int = 0) -> None:
+        assert self.wire is None
         self.seqs.append(seq)
         self.positions.append(pos)
         self.deletes.append(delete)
         self.cells.extend(row)
         self.ops.append(op)
 
+    def position_array(self) -> np.ndarray:
+        """The events' ``_pos``, increasing, as int64."""
+        if self.wire is not None:
+            return self.wire.positions
+        return np.asarray(self.positions, np.int64)
+
     def column(self, i: int) -> tuple[str, pa.Array]:
         """Schema column ``i`` of the events: its name (``c{i}`` or ``v{i}``) and array."""
         got = self._columns.get(i)
         if got is None:
             col = self.schema.columns[i]
-            got = self._columns[i] = _wire_column(i, col, self.cells[i :: self.width])
+            w = self.wire
+            cells = (
+                self.cells[i :: self.width]
+                if w is None
+                else gather(w.data, w.starts[i], w.lengths[i])
+            )
+            got = self._columns[i] = _wire_column(i, col, cells)
         return got
 
     def keys_table(self) -> pa.Table:
         """``_pos`` and the key columns (named ``c{i}``/``v{i}``) of the events."""
-        arrays = [pa.array(self.positions, type=pa.int64())]
+        arrays = [pa.array(self.position_array(), type=pa.int64())]
         names = ["_pos"]
         for i in self.key_index:
             name, arr = self.column(i)
@@ -345,10 +388,14 @@ class EventBuffer:
         return pa.Table.from_arrays(arrays, names=names)
 
     def to_arrow(self) -> pa.Table:
+        w = self.wire
+        seqs: Sequence[int] | np.ndarray = self.seqs if w is None else w.seqs
+        dels: Sequence[bool] | np.ndarray = self.deletes if w is None else w.deletes
+        ops: Sequence[int] | np.ndarray = self.ops if w is None else w.ops
         arrays: list[pa.Array] = [
-            pa.array(self.seqs, type=pa.int64()),
-            pa.array(self.positions, type=pa.int64()),
-            pa.array(self.deletes, type=pa.bool_()),
+            pa.array(seqs, type=pa.int64()),
+            pa.array(self.position_array(), type=pa.int64()),
+            pa.array(dels, type=pa.bool_()),
         ]
         names = ["_seq", "_pos", "_del"]
         for i in range(self.width):
@@ -357,7 +404,7 @@ class EventBuffer:
             arrays.append(arr)
         # Last, so that schema column i stays at position 3 + i.
         names.append("_op")
-        arrays.append(pa.array(self.ops, type=pa.int8()))
+        arrays.append(pa.array(ops, type=pa.int8()))
         return pa.Table.from_arrays(arrays, names=names)
 
 

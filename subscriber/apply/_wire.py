@@ -5,9 +5,12 @@ Reading values through the protobuf objects costs a Python wrapper per ``Value``
 re-read (``SerializeToString`` + ``FromString``, both in C) as :data:`SEntry`, a
 message with the same wire layout as ``txrepl.v1.Entry`` in which every ``Value``
 of a row change is a ``bytes`` field holding the serialized ``Value``, and every
-barrier (schema, SQL, call) stays serialized until it is met.  The values of one
-column then become ONE Arrow binary array, decoded by :func:`decode_column` with
-vectorized numpy (varints, zigzag, length-delimited payloads).
+barrier (schema, SQL, call) stays serialized until it is met (the Python walk of
+a batch; the numpy walk, :mod:`subscriber.apply._walk`, finds the same values as
+spans of the serialized entries, and :func:`gather` copies a column's spans into
+one array).  The values of one column then become ONE Arrow binary array, decoded
+by :func:`decode_column` with vectorized numpy (varints, zigzag, length-delimited
+payloads).
 
 Only what the wire format fixes is assumed: a ``Value`` is empty (NULL) or holds
 fields of the ``kind`` oneof.  A column whose cells are not all NULL or of the one
@@ -25,12 +28,12 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from common.rpc import txrepl_pb2 as pb
 
-__all__ = ["SEntry", "decode_column", "shadow"]
+__all__ = ["SEntry", "SRow", "decode_column", "gather", "shadow"]
 
 T = pb.ColumnType
 
 
-def _shadow_classes() -> Any:
+def _shadow_classes() -> tuple[Any, Any]:
     f = descriptor_pb2.FileDescriptorProto(name="txrepl_shadow.proto", package="txrepl.shadow")
     f.syntax = "proto3"
     F = descriptor_pb2.FieldDescriptorProto
@@ -58,10 +61,13 @@ def _shadow_classes() -> Any:
     )
     pool = descriptor_pool.DescriptorPool()
     pool.Add(f)
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("txrepl.shadow.SEntry"))
+    return tuple(  # type: ignore[return-value]
+        message_factory.GetMessageClass(pool.FindMessageTypeByName(f"txrepl.shadow.{name}"))
+        for name in ("SEntry", "SRow")
+    )
 
 
-SEntry: Any = _shadow_classes()
+SEntry, SRow = _shadow_classes()  # SRow: a RowChange whose values are bytes
 
 
 def shadow(entry: pb.Entry) -> Any:
@@ -149,11 +155,34 @@ def _strings(
     )
 
 
-def decode_column(ctype: int, cells: list[bytes]) -> tuple[pa.Array, np.ndarray] | None:
+def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """ONE Arrow binary array of the byte spans ``data[starts[i] : starts[i] + lengths[i]]``.
+
+    No NULLs: an empty span is ``b""`` (an empty ``Value``, i.e. SQL NULL, for the
+    callers here).  The spans' total must stay below 2 GiB (32-bit offsets).
+    """
+    n = starts.size
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total >= 2**31:
+        raise ValueError("gather: 2 GiB or more in one binary array")
+    # int32 indices when they fit: half the memory traffic of int64.
+    itype = np.int32 if data.size < 2**31 else np.int64
+    shift = (starts - offsets[:-1]).astype(itype)
+    idx = np.arange(total, dtype=itype) + np.repeat(shift, lengths)
+    return pa.Array.from_buffers(
+        pa.binary(), n, [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(data[idx])]
+    )
+
+
+def decode_column(ctype: int, cells: list[bytes] | pa.Array) -> tuple[pa.Array, np.ndarray] | None:
     """The typed in-flight Arrow column of serialized ``Value`` cells, or None.
 
-    Returns the array and its validity mask (False: NULL).  For TIMESTAMPTZ the
-    array is a struct of ``utc_us`` and ``offset_s`` (the caller formats the text).
+    ``cells``: the serialized values, as a list or as one Arrow binary array (see
+    :func:`gather`).  Returns the array and its validity mask (False: NULL).  For
+    TIMESTAMPTZ the array is a struct of ``utc_us`` and ``offset_s`` (the caller
+    formats the text).
     """
     spec = _FIELDS.get(ctype)
     if spec is None:
@@ -164,11 +193,13 @@ def decode_column(ctype: int, cells: list[bytes]) -> tuple[pa.Array, np.ndarray]
         return None
 
 
-def _decode(ctype: int, spec: tuple[int, int], cells: list[bytes]) -> tuple[pa.Array, np.ndarray]:
+def _decode(
+    ctype: int, spec: tuple[int, int], cells: list[bytes] | pa.Array
+) -> tuple[pa.Array, np.ndarray]:
     number, wire = spec
     n = len(cells)
-    arr = pa.array(cells, pa.binary())
-    if not isinstance(arr, pa.Array) or arr.offset:
+    arr = cells if isinstance(cells, pa.Array) else pa.array(cells, pa.binary())
+    if not isinstance(arr, pa.Array) or arr.offset or arr.type != pa.binary() or arr.null_count:
         raise _Bad
     offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1).astype(np.int64)
     raw = arr.buffers()[2]
