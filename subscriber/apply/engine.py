@@ -7,6 +7,10 @@ Algorithm, for a batch ``(first_seq, entries)``; entry ``i`` has seq ``first_seq
    current segment and becomes a step of its own.  Row changes between barriers
    form a segment.  Schemas are tracked in a copy of the subscription's schemas,
    so a row change is always read against its table's schema as of that op.
+   The walk reads the serialized entries with numpy (``_walk.py``: barriers one
+   by one, the row changes of a segment at once); a batch in a form it does not
+   read, or with a row change that does not fit its schema, is walked op by op
+   in Python (:meth:`Applier._plan_python`, the reference, which raises the error).
 2. **Events.**  Each row change becomes events of its table, numbered by a
    batch-wide position ``_pos`` that increases in op order:
    INSERT -> upsert(row); DELETE -> delete(key);
@@ -76,6 +80,7 @@ from subscriber.apply._events import (
     net_effect_positions,
 )
 from subscriber.apply._shape import history_versions, shaped_rows, target_schema
+from subscriber.apply._walk import Unrecognised, Walked, walk
 from subscriber.apply._wire import shadow
 from subscriber.apply.errors import (
     ApplyError,
@@ -107,6 +112,10 @@ _INSERT = int(pb.ROW_OP_INSERT)
 _UPDATE = int(pb.ROW_OP_UPDATE)
 _DELETE = int(pb.ROW_OP_DELETE)
 _TRUNCATE = int(pb.ROW_OP_TRUNCATE)
+_BARRIERS = {2: "schema", 3: "sql", 4: "call"}  # Op field number -> oneof name
+# Segments of fewer row changes are walked op by op: below this, numpy's fixed cost
+# per segment and table is more than Python's per op.
+_VECTOR_MIN = 32
 
 
 @dataclass(frozen=True)
@@ -314,25 +323,64 @@ class Applier:
     def _plan(
         self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
     ) -> tuple[list[Step], int]:
-        """Split the batch into steps; ``schemas`` is updated as schema ops pass."""
-        steps: list[Step | None] = []
-        segment: dict[str, EventBuffer] = {}
-        plain: list[tuple[int, EventBuffer]] = []  # (step index, events): one Spark job
+        """Split the batch into steps; ``schemas`` is updated as schema ops pass.
+
+        The ops are read from the serialized entries with numpy (``_walk.py``);
+        a batch it does not read, or whose row changes do not fit their schemas
+        (an error), takes the Python walk, :meth:`_plan_python`, the reference.
+        """
+        walked = walk(entries)
+        if walked is not None:
+            saved = dict(schemas)
+            try:
+                return self._plan_walked(first_seq, entries, schemas, walked)
+            except Unrecognised:
+                schemas.clear()
+                schemas.update(saved)
+        return self._plan_python(first_seq, entries, schemas)
+
+    def _plan_walked(
+        self,
+        first_seq: int,
+        entries: Sequence[pb.Entry],
+        schemas: dict[str, pb.TableSchema],
+        walked: Walked,
+    ) -> tuple[list[Step], int]:
+        """:meth:`_plan_python` over a :class:`Walked` batch: barriers one by one in
+        Python, the row changes between them (a segment) at once."""
+        plan = _Plan(self, first_seq, entries)
+        pos = 0
+        lo = 0  # the segment's first op
+        n = walked.n_ops
+        for b in [*walked.barriers(), n]:
+            if b > lo:  # ops lo..b-1: row changes
+                r0 = int(walked.op_row[lo])
+                r1 = r0 + b - lo
+                if r1 - r0 >= _VECTOR_MIN:
+                    bufs, pos = walked.events(r0, r1, schemas, first_seq, pos)
+                    plan.segment.update(bufs)
+                else:  # a few row changes: as the Python walk does
+                    for r in range(r0, r1):
+                        seq = first_seq + int(walked.op_entry[walked.rows[r]])
+                        pos = self._row(plan.segment, schemas, walked.row_change(r), seq, pos)
+            if b == n:
+                break
+            seq = first_seq + int(walked.op_entry[b])
+            kind = int(walked.op_kind[b])
+            if kind == 1:
+                self._truncate(plan, walked.table_name(int(walked.op_row[b])), seq, schemas)
+            else:
+                self._barrier(plan, _BARRIERS[kind], walked.payload(b), seq, schemas)
+            lo = b + 1
+        return plan.finish(), int(walked.rows.size)
+
+    def _plan_python(
+        self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
+    ) -> tuple[list[Step], int]:
+        """The batch's steps, walking its ops in Python (shadow entries, ``_wire.py``)."""
+        plan = _Plan(self, first_seq, entries)
         pos = 0
         rows = 0
-
-        commit_times = pa.array([e.commit_time_us for e in entries], pa.int64())
-
-        def flush() -> None:
-            for buf in segment.values():
-                opts = self.options.tables.get(buf.schema.table)
-                if opts is None or not (opts.history or opts.transforms):
-                    plain.append((len(steps), buf))
-                    steps.append(None)  # filled in after the batch's net-effect job
-                else:
-                    steps.append(self._rows_step(buf, first_seq, commit_times))
-            segment.clear()
-
         # Row values stay serialized: they are decoded column-wise (_wire.py).
         for i, entry in enumerate(map(shadow, entries)):
             seq = first_seq + i
@@ -340,63 +388,77 @@ class Applier:
                 kind = op.WhichOneof("kind")
                 if kind == "row":
                     change = op.row
-                    cop = change.op
-                    buf = segment.get(change.table)
-                    if buf is not None and cop in (_INSERT, _UPDATE):
-                        # The common cases, inlined: an insert, an update keeping its key.
-                        row = change.row
-                        if len(row) == buf.width and (
-                            cop == _INSERT
-                            or not (key := change.key)
-                            or list(key) == [row[k] for k in buf.key_index]
-                        ):
-                            buf.seqs.append(seq)
-                            buf.positions.append(pos)
-                            buf.deletes.append(False)
-                            buf.cells.extend(row)
-                            buf.ops.append(cop)
-                            pos += 1
-                            rows += 1
-                            continue
-                    if cop == _TRUNCATE:
-                        if change.table not in schemas:
-                            raise self._unknown(change.table, seq)
-                        flush()
-                        opts = self.options.tables.get(change.table)
-                        steps.append(TruncateStep((opts and opts.target) or change.table))
-                        rows += 1
-                        continue
-                    if buf is None:
-                        schema = schemas.get(change.table)
-                        if schema is None:
-                            raise self._unknown(change.table, seq)
-                        buf = segment[change.table] = EventBuffer(schema)
-                    pos = self._events(buf, seq, pos, change)
+                    if change.op == _TRUNCATE:
+                        self._truncate(plan, change.table, seq, schemas)
+                    else:
+                        pos = self._row(plan.segment, schemas, change, seq, pos)
                     rows += 1
-                elif kind == "schema":
-                    flush()
-                    schema_op = pb.TableSchema.FromString(op.schema)
-                    self._check_schema(schema_op, seq)
-                    previous = schemas.get(schema_op.table)
-                    schemas[schema_op.table] = schema_op
-                    shaped = self._shape(schema_op, seq)
-                    steps.append(SchemaStep(schema_op, previous, shaped[0] if shaped else None))
-                elif kind == "sql":
-                    flush()
-                    steps.append(SqlStep(pb.SqlStatement.FromString(op.sql).sql))
-                elif kind == "call":
-                    flush()
-                    call = pb.ProcedureCall.FromString(op.call)
-                    steps.append(CallStep(call.name, list(call.args)))
-                else:
+                elif kind is None:
                     raise ApplyError(
                         "entry holds an empty op", subscription=self.subscription, seq=seq
                     )
-        flush()
-        if plain:
-            self._plain_steps(steps, plain, first_seq)
-        assert None not in steps
-        return steps, rows  # type: ignore[return-value]
+                else:
+                    self._barrier(plan, kind, getattr(op, kind), seq, schemas)
+        return plan.finish(), rows
+
+    def _row(
+        self,
+        segment: dict[str, EventBuffer],
+        schemas: dict[str, pb.TableSchema],
+        change: Any,
+        seq: int,
+        pos: int,
+    ) -> int:
+        """Append the events of one row change (an ``SRow``, not a TRUNCATE)."""
+        cop = change.op
+        buf = segment.get(change.table)
+        if buf is not None and cop in (_INSERT, _UPDATE):
+            # The common cases, inlined: an insert, an update keeping its key.
+            row = change.row
+            if len(row) == buf.width and (
+                cop == _INSERT
+                or not (key := change.key)
+                or list(key) == [row[k] for k in buf.key_index]
+            ):
+                buf.seqs.append(seq)
+                buf.positions.append(pos)
+                buf.deletes.append(False)
+                buf.cells.extend(row)
+                buf.ops.append(cop)
+                return pos + 1
+        if buf is None:
+            schema = schemas.get(change.table)
+            if schema is None:
+                raise self._unknown(change.table, seq)
+            buf = segment[change.table] = EventBuffer(schema)
+        return self._events(buf, seq, pos, change)
+
+    def _truncate(
+        self, plan: _Plan, table: str, seq: int, schemas: dict[str, pb.TableSchema]
+    ) -> None:
+        if table not in schemas:
+            raise self._unknown(table, seq)
+        plan.flush()
+        opts = self.options.tables.get(table)
+        plan.steps.append(TruncateStep((opts and opts.target) or table))
+
+    def _barrier(
+        self, plan: _Plan, kind: str, payload: bytes, seq: int, schemas: dict[str, pb.TableSchema]
+    ) -> None:
+        """A schema op, SQL statement or procedure call (``payload``: serialized)."""
+        plan.flush()
+        if kind == "schema":
+            schema_op = pb.TableSchema.FromString(payload)
+            self._check_schema(schema_op, seq)
+            previous = schemas.get(schema_op.table)
+            schemas[schema_op.table] = schema_op
+            shaped = self._shape(schema_op, seq)
+            plan.steps.append(SchemaStep(schema_op, previous, shaped[0] if shaped else None))
+        elif kind == "sql":
+            plan.steps.append(SqlStep(pb.SqlStatement.FromString(payload).sql))
+        else:
+            call = pb.ProcedureCall.FromString(payload)
+            plan.steps.append(CallStep(call.name, list(call.args)))
 
     def _plain_steps(
         self, steps: list[Step | None], plain: list[tuple[int, EventBuffer]], first_seq: int
@@ -416,7 +478,7 @@ class Applier:
         finally:
             winners = job.result()  # waits even when decoding failed: no job left behind
         for (n, buf), events, last in zip(plain, tables, winners, strict=True):
-            at = np.searchsorted(np.asarray(buf.positions, np.int64), last)
+            at = np.searchsorted(buf.position_array(), last)
             survivors = events.take(pa.array(at, pa.int64()))
             flags = survivors.column("_del")
             shaped = self._shape(buf.schema, first_seq)  # a renamed target table
@@ -535,3 +597,40 @@ class Applier:
         deletes = survivors.filter(flags)
         upserts = survivors.filter(pc.invert(flags))
         return RowsStep(shaped[0] if shaped else source, deletes, upserts)
+
+
+class _Plan:
+    """The steps of one batch as its ops pass (both walks of :meth:`Applier._plan`)."""
+
+    def __init__(self, applier: Applier, first_seq: int, entries: Sequence[pb.Entry]) -> None:
+        self.applier = applier
+        self.first_seq = first_seq
+        self.entries = entries
+        self.steps: list[Step | None] = []
+        self.segment: dict[str, EventBuffer] = {}  # the open segment's events, per table
+        self.plain: list[tuple[int, EventBuffer]] = []  # (step index, events): one Spark job
+        self._commit_times: pa.Array | None = None
+
+    def commit_times(self) -> pa.Array:
+        if self._commit_times is None:
+            self._commit_times = pa.array([e.commit_time_us for e in self.entries], pa.int64())
+        return self._commit_times
+
+    def flush(self) -> None:
+        """Close the open segment: one step per table, in order of first appearance."""
+        tables = self.applier.options.tables
+        for buf in self.segment.values():
+            opts = tables.get(buf.schema.table)
+            if opts is None or not (opts.history or opts.transforms):
+                self.plain.append((len(self.steps), buf))
+                self.steps.append(None)  # filled in after the batch's net-effect job
+            else:
+                self.steps.append(self.applier._rows_step(buf, self.first_seq, self.commit_times()))
+        self.segment.clear()
+
+    def finish(self) -> list[Step]:
+        self.flush()
+        if self.plain:
+            self.applier._plain_steps(self.steps, self.plain, self.first_seq)
+        assert None not in self.steps
+        return self.steps  # type: ignore[return-value]
