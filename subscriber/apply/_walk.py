@@ -4,14 +4,15 @@ Bytes.  The entries are serialized (``SerializeToString``, in C) and joined into
 one buffer, followed by 16 zero bytes so that a read a little past any message
 stays in bounds.  One *level* of messages is read by :func:`_fields`, given the
 messages' spans: pass ``j`` reads the ``j``-th field of every message not yet
-exhausted, all at once -- the tag byte at the message's cursor (it must be below
-0x80: one-byte tags, field numbers 1-15), then by wire type a varint (1-10 bytes,
-decoded in unrolled masked steps), a length varint and its payload, or 8 or 4
-fixed bytes; the field must end within its message, and the cursor moves to its
-end.  Passes go on while at least :data:`_SCALAR` messages remain; the few long
-ones left (an entry of 10,000 ops) are finished by a plain loop, field by field,
-with the same rules.  The fields come out message by message in wire order
-(scattered to ``first[message] + n``, no sort).  Levels and what is accepted:
+exhausted, all at once -- the tag byte at the message's cursor (one of the
+level's tags below: one byte, a varint or length-delimited field), then a varint
+(1-10 bytes, decoded in unrolled masked steps: the field's value, or the length
+of its payload, then at most 5 bytes); the field must end within its message,
+and the cursor moves to its end.  Passes go on while at least :data:`_SCALAR`
+messages remain; the few long ones left (an entry of 10,000 ops) are finished by
+a plain loop, field by field, with the same rules.  The fields come out message
+by message in wire order (scattered to ``first[message] + n``, no sort).  Levels
+and what is accepted:
 
 - ``Entry``: fields 1 (varint), 2 and 3 (length-delimited); each field 3 is an op.
 - ``Op``: exactly one field, 1 (RowChange), 2 (TableSchema), 3 (SqlStatement) or
@@ -25,9 +26,10 @@ with the same rules.  The fields come out message by message in wire order
   dictionary-encoded by Arrow.
 
 Anything else (another field or wire type, a longer tag, a repeated table or op,
-a row op of more than one byte, an empty op, a field overrunning its message, a
-batch of 2 GiB or more) makes :func:`walk` return None: the caller then walks the
-batch in Python, the reference this module reproduces.
+a row op of more than one byte, a length of more than 5 bytes, an empty op, a
+field overrunning its message, a batch of 2 GiB or more) makes :func:`walk`
+return None: the caller then walks the batch in Python, the reference this module
+reproduces.
 
 Events of a segment (:meth:`Walked.events`, row changes between two barriers):
 per table (in order of first appearance), each row change is checked against the
