@@ -324,28 +324,35 @@ class HeldApplier:
         return self.inner.apply(first_seq, entries, incarnation=incarnation)
 
 
-@pytest.mark.spark
-async def test_entries_arriving_during_a_slow_apply_are_applied_together(
-    pub: Pub, spark: Any, tmp_path: Path
-) -> None:
-    """In sync, 300 entries committed while an apply is busy go into a few large batches."""
+def bulk_runner(
+    pub: Pub, spark: Any, tmp_path: Path, batch: Any
+) -> tuple[Any, HeldApplier, asyncio.Task[None]]:
+    """A running subscription to "bulk" (one entry published first) through a HeldApplier."""
     from subscriber.apply import Applier, SqliteWriter
-    from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+    from subscriber.config import BackoffConfig, SubscriptionConfig
     from subscriber.connection import SubscriptionRunner
 
     pub.publish("bulk", 1)
     config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
     held = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
+    runner = SubscriptionRunner(
+        config, "bulk-sub", cast(Any, held), batch=batch, backoff=BackoffConfig()
+    )
+    return runner, held, asyncio.create_task(runner.run())
+
+
+@pytest.mark.spark
+async def test_entries_arriving_during_a_slow_apply_are_applied_together(
+    pub: Pub, spark: Any, tmp_path: Path
+) -> None:
+    """In sync, 300 entries committed while an apply is busy go into a few large batches."""
+    from subscriber.config import BatchConfig
+
     # A queue of two received batches: without coalescing an apply would get at most
     # three of the one-entry batches the publisher sends in sync.
-    runner = SubscriptionRunner(
-        config,
-        "coalescer",
-        cast(Any, held),
-        batch=BatchConfig(max_entries=10_000, queue_batches=2),
-        backoff=BackoffConfig(),
+    runner, held, task = bulk_runner(
+        pub, spark, tmp_path, BatchConfig(max_entries=10_000, queue_batches=2)
     )
-    task = asyncio.create_task(runner.run())
     try:
 
         async def level(seq: int, what: str) -> None:
@@ -388,21 +395,9 @@ async def test_in_sync_an_apply_waits_max_delay_for_more_entries(
     pub: Pub, spark: Any, tmp_path: Path
 ) -> None:
     """With ``max_delay_ms``, entries committed one by one, 0.5 s apart, share an apply."""
-    from subscriber.apply import Applier, SqliteWriter
-    from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
-    from subscriber.connection import SubscriptionRunner
+    from subscriber.config import BatchConfig
 
-    pub.publish("bulk", 1)
-    config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
-    counted = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
-    runner = SubscriptionRunner(
-        config,
-        "lingerer",
-        cast(Any, counted),
-        batch=BatchConfig(max_delay_ms=DELAY_MS),
-        backoff=BackoffConfig(),
-    )
-    task = asyncio.create_task(runner.run())
+    runner, counted, task = bulk_runner(pub, spark, tmp_path, BatchConfig(max_delay_ms=DELAY_MS))
     try:
 
         async def reached(seq: int) -> None:
