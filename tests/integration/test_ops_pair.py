@@ -115,6 +115,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Running]:
         subscriber_extra={
             "auth": {"admin_token_hashes": [hash_token(ADMIN)]},
             "tls": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)},
+            # Small batches: a catch-up of a few thousand entries takes many applies, so
+            # the SIGTERM test can catch one in progress.
+            "batch": {"max_entries": 20},
         },
         subscription_extra={
             "ca_file": str(certs.ca),
@@ -284,7 +287,7 @@ def test_sigterm_drains_with_level_committed(running: Running) -> None:
     assert sub is not None
     assert sub.proc is not None
     r.control("Pause")
-    r.write(800)
+    r.write(3000)
     r.control("Resume")
     wait_until(
         lambda: r.control().applied_entries > 0 and r.control().level < r.head(),
