@@ -7,6 +7,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,14 @@ def test_slow_subscriber_is_cut_by_queue_threshold_and_converges(tmp_path: Path)
         stop = threading.Event()
 
         def load() -> None:
+            # Steady commits until the cut is seen: a burst would be captured as a few
+            # large entries (the capture groups what each poll finds), too few to
+            # pass the threshold while the apply is held.
             start = 11
-            while not stop.is_set() and start < 3000:
+            while not stop.is_set() and start < 20000:
                 ledger_txns(src2, start, 5)
                 start += 5
+                time.sleep(0.01)
 
         src2 = sqlite3.connect(
             str(pair.source_path), isolation_level=None, timeout=30, check_same_thread=False
