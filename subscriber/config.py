@@ -126,6 +126,9 @@ class BatchConfig:
     # for more (fewer, larger target transactions at the cost of lag); 0: apply at once,
     # with whatever arrived while the previous apply ran.
     max_delay_ms: int = 0
+    # While a batch is written to the target, the next one (if already received) is
+    # planned: walk, decoding and the Spark net-effect job overlap the target's work.
+    plan_ahead: bool = True
 
     def __post_init__(self) -> None:
         for field in ("max_entries", "max_bytes", "queue_batches"):

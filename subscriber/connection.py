@@ -47,7 +47,7 @@ import structlog
 from common.errors import describe_rpc_error
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from subscriber.apply import Applier, ApplyError
+from subscriber.apply import Applier, ApplyError, Planned
 from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
 from subscriber.schedule import Clock, SystemClock
 
@@ -65,6 +65,10 @@ STATES = (
     "invalid",
     "scheduled",
 )
+
+
+def _parse(payloads: list[bytes]) -> list[pb.Entry]:
+    return [pb.Entry.FromString(p) for p in payloads]
 
 
 class PermanentFeedError(Exception):
@@ -457,23 +461,29 @@ class SubscriptionRunner:
                         )
                     expected += len(b.entries)
                     self.head = max(self.head, b.head, expected - 1)
-                    size = sum(map(len, b.entries))
-                    if (
-                        last is not None
-                        and not last.taken
-                        and len(last.entries) + len(b.entries) <= room_entries
-                        and last.size + size <= room_bytes
-                    ):
-                        # Not taken by the apply yet: ride along (single threaded, so
-                        # the apply cannot take it meanwhile).
-                        last.entries.extend(b.entries)
-                        last.head = b.head
-                        last.size += size
-                        continue
-                    if put is not None and not await self._put_done(put, applier):
-                        return
-                    last = Received(b.first_seq, list(b.entries), b.head, size=size)
-                    put = asyncio.ensure_future(queue.put(last))
+                    # A batch larger than an item (the publisher's batch_entries above
+                    # max_entries / queue_batches) is queued in pieces, so an apply
+                    # never takes more than max_entries.
+                    payloads = list(b.entries)
+                    for i in range(0, len(payloads), room_entries):
+                        chunk = payloads[i : i + room_entries]
+                        size = sum(map(len, chunk))
+                        if (
+                            last is not None
+                            and not last.taken
+                            and len(last.entries) + len(chunk) <= room_entries
+                            and last.size + size <= room_bytes
+                        ):
+                            # Not taken by the apply yet: ride along (single threaded, so
+                            # the apply cannot take it meanwhile).
+                            last.entries.extend(chunk)
+                            last.head = b.head
+                            last.size += size
+                            continue
+                        if put is not None and not await self._put_done(put, applier):
+                            return
+                        last = Received(b.first_seq + i, chunk, b.head, size=size)
+                        put = asyncio.ensure_future(queue.put(last))
                     continue
                 elif kind == "in_sync":
                     self.head = max(self.head, msg.in_sync.head)
@@ -508,67 +518,147 @@ class SubscriptionRunner:
             raise Interrupted()
         return False
 
+    async def _gather(
+        self, queue: asyncio.Queue[Received | None], *, linger: bool
+    ) -> tuple[int, list[bytes], int] | None:
+        """The next batch to apply, or None once the session ends.
+
+        Natural batching: everything that arrived while the last apply ran goes into
+        this one, up to the limits; with ``linger`` (in sync), waiting up to
+        ``max_delay_ms`` for more.
+        """
+        item = await queue.get()
+        if item is None:
+            return None
+        item.taken = True
+        first_seq = item.first_seq
+        payloads = list(item.entries)
+        size = item.size
+        deadline = time.monotonic() + self.batch.max_delay_ms / 1000
+        lingering = linger and self.batch.max_delay_ms > 0 and self.state == "in_sync"
+        while len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+            if queue.empty():
+                left = deadline - time.monotonic()
+                if not lingering or left <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+            else:
+                nxt = queue.get_nowait()
+            if nxt is None:
+                queue.put_nowait(None)
+                break
+            nxt.taken = True
+            payloads.extend(nxt.entries)
+            size += nxt.size
+        return first_seq, payloads, size
+
     async def _apply_loop(
         self,
         queue: asyncio.Queue[Received | None],
         call: grpc.aio.StreamStreamCall[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> None:
-        while True:
-            item = await queue.get()
-            if item is None:
-                return
-            item.taken = True
-            first_seq = item.first_seq
-            payloads = list(item.entries)
-            size = item.size
-            # Natural batching: everything that arrived while the last apply ran goes into
-            # this one, up to the limits; in sync, optionally waiting max_delay_ms for more.
-            deadline = time.monotonic() + self.batch.max_delay_ms / 1000
-            lingering = self.batch.max_delay_ms > 0 and self.state == "in_sync"
-            while len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
-                if queue.empty():
-                    left = deadline - time.monotonic()
-                    if not lingering or left <= 0:
-                        break
-                    try:
-                        nxt = await asyncio.wait_for(queue.get(), left)
-                    except TimeoutError:
-                        break
+        """Apply batches in order; ack each one once committed.
+
+        Plan ahead (``plan_ahead``, while syncing): while batch *n* is written to the
+        target, batch *n+1*, if it is already waiting in the queue, is taken and planned in
+        another thread against *n*'s schemas (:meth:`Applier.plan`).  Nothing of
+        *n+1* reaches the target before *n* commits: its write starts after, and
+        re-checks the level in its own transaction.  If *n* fails, *n+1*'s plan is
+        dropped with the session (the next Hello resumes from the applied level).
+        """
+        ahead: tuple[int, int, asyncio.Future[tuple[list[pb.Entry], Planned]]] | None = None
+        try:
+            while True:
+                planned: Planned | None = None
+                if ahead is not None:
+                    first_seq, size, planning = ahead
+                    ahead = None
+                    started = time.monotonic()
+                    entries, planned = await planning
                 else:
-                    nxt = queue.get_nowait()
-                if nxt is None:
-                    queue.put_nowait(None)
-                    break
-                nxt.taken = True
-                payloads.extend(nxt.entries)
-                size += nxt.size
-            entries = [pb.Entry.FromString(p) for p in payloads]
-            started = time.monotonic()
-            result = await asyncio.to_thread(
-                self.applier.apply, first_seq, entries, incarnation=self.incarnation
-            )
-            self.level = result.level
-            self.applied_entries += len(entries)
-            self.applied_rows += result.rows
-            log.info(
-                "batch applied",
-                subscription=self.name,
-                first_seq=first_seq,
-                level=self.level,
-                entries=len(entries),
-                rows=result.rows,
-                bytes=size,
-                seconds=round(time.monotonic() - started, 4),
-                head=self.head,
-            )
-            ack = pb.SubscriberMessage()
-            ack.ack.level = self.level
-            with contextlib.suppress(Exception):
-                await call.write(ack)
-            if self._in_sync_head is not None and self.level >= self._in_sync_head:
-                self._reached_in_sync(queue)
-                if self._run_done:
-                    return
+                    got = await self._gather(queue, linger=True)
+                    if got is None:
+                        return
+                    first_seq, payloads, size = got
+                    started = time.monotonic()
+                    if (
+                        self.batch.plan_ahead
+                        and self.state == "syncing"
+                        and self.head >= first_seq + len(payloads)
+                    ):
+                        # More is coming: plan this one first, so the next can plan
+                        # while this one writes.
+                        entries, planned = await asyncio.to_thread(
+                            self._parse_and_plan, first_seq, payloads, None
+                        )
+                    else:
+                        # Parsed in the apply's thread: the event loop keeps reading.
+                        entries = await asyncio.to_thread(_parse, payloads)
+                writing = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        self.applier.apply,
+                        first_seq,
+                        entries,
+                        incarnation=self.incarnation,
+                        planned=planned,
+                    )
+                )
+                if queue.empty():
+                    await asyncio.sleep(0)  # let the receive loop queue what it holds
+                if planned is not None and planned.error is None and not queue.empty():
+                    got = await self._gather(queue, linger=False)
+                    if got is None:
+                        queue.put_nowait(None)  # seen again once this batch is acked
+                    else:
+                        nxt_first, nxt_payloads, nxt_size = got
+                        ahead = (
+                            nxt_first,
+                            nxt_size,
+                            asyncio.ensure_future(
+                                asyncio.to_thread(
+                                    self._parse_and_plan, nxt_first, nxt_payloads, planned
+                                )
+                            ),
+                        )
+                result = await writing
+                self.level = result.level
+                self.applied_entries += len(entries)
+                self.applied_rows += result.rows
+                log.info(
+                    "batch applied",
+                    subscription=self.name,
+                    first_seq=first_seq,
+                    level=self.level,
+                    entries=len(entries),
+                    rows=result.rows,
+                    bytes=size,
+                    seconds=round(time.monotonic() - started, 4),
+                    plan_seconds=round(result.plan_seconds, 4),
+                    planned_ahead=result.planned_ahead,
+                    head=self.head,
+                )
+                ack = pb.SubscriberMessage()
+                ack.ack.level = self.level
+                with contextlib.suppress(Exception):
+                    await call.write(ack)
+                if self._in_sync_head is not None and self.level >= self._in_sync_head:
+                    self._reached_in_sync(queue)
+                    if self._run_done:
+                        return
+        finally:
+            if ahead is not None:
+                # A plan thread cannot be cancelled: let it end before the session does.
+                with contextlib.suppress(BaseException):
+                    await ahead[2]
+
+    def _parse_and_plan(
+        self, first_seq: int, payloads: list[bytes], after: Planned | None
+    ) -> tuple[list[pb.Entry], Planned]:
+        entries = _parse(payloads)
+        return entries, self.applier.plan(first_seq, entries, after=after)
 
     def _reached_in_sync(self, queue: asyncio.Queue[Received | None]) -> None:
         # A transition, not every batch applied at the head: the timeline keeps the

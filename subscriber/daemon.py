@@ -45,6 +45,7 @@ from common.systemd import Notifier
 from subscriber.apply import (
     Applier,
     ApplyResult,
+    Planned,
     SparkSettings,
     Writer,
     create_spark_session,
@@ -113,11 +114,16 @@ class MeteredApplier(Applier):
         self.last_commit_time: float | None = None
 
     def apply(
-        self, first_seq: int, entries: Sequence[pb.Entry], *, incarnation: str
+        self,
+        first_seq: int,
+        entries: Sequence[pb.Entry],
+        *,
+        incarnation: str,
+        planned: Planned | None = None,
     ) -> ApplyResult:
         started = time.perf_counter()
         try:
-            result = super().apply(first_seq, entries, incarnation=incarnation)
+            result = super().apply(first_seq, entries, incarnation=incarnation, planned=planned)
         except Exception as e:
             if self.meters is not None:
                 self.meters.errors.labels(self.subscription, type(e).__name__).inc()

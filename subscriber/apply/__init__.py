@@ -8,7 +8,7 @@ Public face (see ``docs/apply.md``)::
     result = applier.apply(state.level + 1, entries, incarnation="...")
 """
 
-from subscriber.apply.engine import Applier, ApplyResult
+from subscriber.apply.engine import Applier, ApplyResult, Planned
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -29,6 +29,7 @@ __all__ = [
     "ApplyOptions",
     "ApplyResult",
     "GapError",
+    "Planned",
     "PoisonEntryError",
     "PostgresWriter",
     "SchemaError",

@@ -50,6 +50,13 @@ just before the entry) or the level moves past it and the rest of the batch is
 applied (``skip``).  Cost of narrowing: about ``2 log2(n)`` applies for a batch of
 ``n`` entries, only on failure.
 
+Planning ahead: steps 1-3 of a batch can run on their own (:meth:`Applier.plan`),
+in another thread while the batch before it is written (step 4), against the
+schemas that batch leaves.  :meth:`Applier.apply` writes such a plan only if it was
+made against the very schemas dict the subscription holds at that moment (nothing
+else applied or reloaded since) and planned cleanly; otherwise it plans again.
+Only the writing thread moves the level, so this changes nothing below.
+
 Atomicity: Spark only computes; nothing reaches the target before step 4, and
 step 4 is a single database transaction holding both the rows and the level.  A
 crash (SIGKILL, power loss) before the commit is durable leaves the target exactly
@@ -107,7 +114,7 @@ from subscriber.apply.writer import (
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Applier", "ApplyResult"]
+__all__ = ["Applier", "ApplyResult", "Planned"]
 
 # Plain ints: attribute access on a protobuf enum wrapper costs ~1 us each, per row.
 _INSERT = int(pb.ROW_OP_INSERT)
@@ -130,6 +137,28 @@ class ApplyResult:
     entries: int
     seconds: float  # wall time of the whole apply (Spark and target)
     skipped: tuple[int, ...] = ()  # seqs stored in txrepl_errors and skipped (policy skip)
+    plan_seconds: float = 0.0  # of which planning (walk, decoding, net effect), if done here
+    planned_ahead: bool = False  # the plan was made by plan() while the previous batch wrote
+
+
+@dataclass(frozen=True, eq=False)
+class Planned:
+    """A batch planned ahead by :meth:`Applier.plan` (steps not yet written).
+
+    ``base`` is the schemas dict it was planned against (identity matters: the plan
+    is used only if the subscription's schemas are that very object when the batch
+    is applied, i.e. nothing else was applied or reloaded since); ``schemas`` is
+    the dict after its schema ops.  ``error`` is what planning raised, if anything.
+    """
+
+    first_seq: int
+    count: int
+    base: dict[str, pb.TableSchema]
+    schemas: dict[str, pb.TableSchema]
+    steps: list[Step] | None
+    rows: int
+    seconds: float
+    error: BaseException | None = None
 
 
 class Applier:
@@ -153,6 +182,7 @@ class Applier:
         self._sleep = sleep
         self._shapes: dict[tuple[str, bytes], tuple[pb.TableSchema, list[tuple[str, str]]]] = {}
         self._spark_thread: ThreadPoolExecutor | None = None  # the net-effect job
+        self._last_plan_s = 0.0
         self.options = ApplyOptions()
         self.configure(options or ApplyOptions())
 
@@ -211,10 +241,47 @@ class Applier:
             return self.load_state()
         return self._state
 
+    def plan(
+        self, first_seq: int, entries: Sequence[pb.Entry], *, after: Planned | None = None
+    ) -> Planned:
+        """Plan a batch without writing it: walk, decoding and net effect (Spark).
+
+        ``after``: the plan of the batch before this one, not yet committed, so the
+        two overlap (this one plans while that one writes).  Never raises for the
+        batch's content: the error is kept in the result and :meth:`apply` then
+        takes its usual path (narrowing).  Safe to run in one thread while
+        :meth:`apply` writes in another; at most one ``plan`` at a time.
+        """
+        started = time.perf_counter()
+        base = after.schemas if after is not None else self.state.schemas
+        schemas = dict(base)
+        if after is not None and after.error is not None:
+            error: BaseException = ApplyError(
+                "the batch before failed to plan", subscription=self.subscription, seq=first_seq
+            )
+            return Planned(first_seq, len(entries), base, schemas, None, 0, 0.0, error)
+        try:
+            steps, rows = self._plan(first_seq, entries, schemas)
+        except Exception as exc:  # kept: apply() re-plans (and narrows) on its own
+            return Planned(
+                first_seq, len(entries), base, schemas, None, 0, time.perf_counter() - started, exc
+            )
+        return Planned(
+            first_seq, len(entries), base, schemas, steps, rows, time.perf_counter() - started
+        )
+
     def apply(
-        self, first_seq: int, entries: Sequence[pb.Entry], *, incarnation: str
+        self,
+        first_seq: int,
+        entries: Sequence[pb.Entry],
+        *,
+        incarnation: str,
+        planned: Planned | None = None,
     ) -> ApplyResult:
         """Apply the batch and move the level, in one target transaction.
+
+        ``planned``: this batch's :meth:`plan`, used when it was planned against
+        the subscription's current schemas and planned cleanly; otherwise ignored.
 
         Raises :class:`GapError` when ``first_seq`` is not ``level + 1`` or the
         incarnation differs from the stored one.  A persistent failure is narrowed
@@ -233,11 +300,54 @@ class Applier:
             # Re-read: another process may have moved the level (the writer checks again).
             state = self.load_state()
         self._check(state, first_seq, incarnation)
-        rows, written, skipped = self._apply_or_narrow(first_seq, entries, incarnation, None)
+        self._last_plan_s = 0.0
+        ahead = (
+            planned is not None
+            and planned.error is None
+            and planned.first_seq == first_seq
+            and planned.count == len(entries)
+            and planned.base is state.schemas
+        )
+        if ahead:
+            assert planned is not None
+            rows, written, skipped = self._apply_planned(planned, entries, incarnation)
+        else:
+            rows, written, skipped = self._apply_or_narrow(first_seq, entries, incarnation, None)
         last_seq = first_seq + len(entries) - 1
         return ApplyResult(
-            last_seq, rows, written, len(entries), time.perf_counter() - started, tuple(skipped)
+            last_seq,
+            rows,
+            written,
+            len(entries),
+            time.perf_counter() - started,
+            tuple(skipped),
+            plan_seconds=planned.seconds if ahead and planned else self._last_plan_s,
+            planned_ahead=ahead,
         )
+
+    def _apply_planned(
+        self, planned: Planned, entries: Sequence[pb.Entry], incarnation: str
+    ) -> tuple[int, int, list[int]]:
+        """Write a batch planned ahead; on a persistent failure, narrow as usual."""
+        first_seq = planned.first_seq
+        last_seq = first_seq + planned.count - 1
+        steps = planned.steps
+        assert steps is not None
+
+        def write() -> int:
+            return self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
+
+        try:
+            written: int = self._retrying(write)
+        except GapError:
+            self._state = None
+            raise
+        except TransientError:
+            raise
+        except ApplyError as exc:
+            return self._apply_or_narrow(first_seq, entries, incarnation, exc)
+        self._state = SubscriptionState(last_seq, incarnation, planned.schemas)
+        return planned.rows, written, []
 
     # -- retries and narrowing ------------------------------------------------------
 
@@ -285,7 +395,9 @@ class Applier:
     ) -> tuple[int, int]:
         state = self.state
         schemas = dict(state.schemas)
+        t0 = time.perf_counter()
         steps, rows = self._plan(first_seq, entries, schemas)
+        self._last_plan_s += time.perf_counter() - t0
         last_seq = first_seq + len(entries) - 1
 
         def write() -> int:

@@ -29,7 +29,8 @@ lag        the subscriber is running and in sync after transaction 0; transactio
 
 Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
 20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000);
-``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three) and
+``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three; ``txrepl pg serial``,
+txrepl pg with the subscriber's ``[batch] plan_ahead = false``, only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -89,12 +90,16 @@ def _env_int(name: str, default: int) -> int:
 
 
 SYSTEMS = ("txrepl sqlite", "pg native", "txrepl pg")
+# Not run by default: txrepl pg with the subscriber's [batch] plan_ahead off (A/B).
+EXTRA_SYSTEMS = ("txrepl pg serial",)
 
 
-def _env_list(name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+def _env_list(
+    name: str, allowed: tuple[str, ...], default: tuple[str, ...] | None = None
+) -> tuple[str, ...]:
     value = os.environ.get(name, "")
     if not value.strip():
-        return allowed
+        return allowed if default is None else default
     chosen = tuple(v.strip() for v in value.split(",") if v.strip())
     unknown = [v for v in chosen if v not in allowed]
     if unknown:
@@ -119,7 +124,7 @@ class Settings:
             lag_t=_env_int("TXREPL_BENCH_LAG_T", min(t, 20_000)),
             runs=_env_int("TXREPL_BENCH_RUNS", 3),
             rate=_env_int("TXREPL_BENCH_RATE", 1000),
-            systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS),
+            systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS + EXTRA_SYSTEMS, SYSTEMS),
             measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag")),
         )
 
@@ -437,8 +442,13 @@ class TxreplPg(Rig):
     name = "txrepl pg"
     target_kind = "pg"
 
-    def __init__(self, base: Path, src_server: Any, dst_server: Any) -> None:
+    def __init__(
+        self, base: Path, src_server: Any, dst_server: Any, *, plan_ahead: bool = True
+    ) -> None:
         self.base = base
+        self.plan_ahead = plan_ahead
+        if not plan_ahead:
+            self.name = "txrepl pg serial"
         self.src_server = src_server
         self.dst_server = dst_server
         self.conn: Any = None
@@ -504,6 +514,7 @@ class TxreplPg(Rig):
             "control_listen": "127.0.0.1:0",
             "data_dir": str(self.work / "subscriber"),
             "backoff": {"initial_s": 0.1, "max_s": 1.0},
+            "batch": {"plan_ahead": self.plan_ahead},
             "subscription": [
                 {"publisher": "pub1", "address": self.pub.address, "publication": "shop"}
             ],
@@ -744,7 +755,7 @@ class Results:
         """txrepl ÷ PostgreSQL native, on medians (throughput: higher is better; lag: lower)."""
         by = {(s["system"], s["measure"], s.get("rate")): s for s in summaries}
         out = []
-        for system in ("txrepl sqlite", "txrepl pg"):
+        for system in ("txrepl sqlite", "txrepl pg", *EXTRA_SYSTEMS):
             a, b = (
                 by.get((system, "catch_up_summary", None)),
                 by.get(("pg native", "catch_up_summary", None)),
@@ -843,7 +854,7 @@ def plot(
         med,
         yerr=[lo, hi],
         capsize=6,
-        color=["tab:blue", "tab:orange", "tab:green"][: len(names)],
+        color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)],
     )
     ax.set_title("W1 catch-up throughput (median, range)")
     ax.set_ylabel("row changes / s")
@@ -903,7 +914,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     from tests.bench._pg import bench_cluster, pg_reason
 
     reason = pg_reason()
-    if not {"pg native", "txrepl pg"} & set(cfg.systems):
+    if not {"pg native", "txrepl pg", *EXTRA_SYSTEMS} & set(cfg.systems):
         pass
     elif reason is not None:
         for system in ("pg native", "txrepl pg"):
@@ -915,6 +926,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
             why = txrepl_pg_support(tpg)
             if why is None:
                 measure(tpg)
+                measure(TxreplPg(base, src_server, dst_server, plan_ahead=False))
             else:
                 skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
     res.rows.extend(skipped)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier, ApplyOptions, SqliteWriter
+from subscriber.apply import Applier, ApplyOptions, PoisonEntryError, SqliteWriter
 
 pytestmark = pytest.mark.spark
 
@@ -165,27 +166,76 @@ def target_rows(path: Path, table: str) -> set[tuple[Any, ...]]:
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=streams())
-@pytest.mark.parametrize("spark_min_rows", [0, 10_000], ids=["spark", "driver"])
+@pytest.mark.parametrize(
+    ("spark_min_rows", "ahead"),
+    [(0, False), (10_000, False), (0, True)],
+    ids=["spark", "driver", "planned-ahead"],
+)
 def test_batched_apply_equals_reference(
-    spark: Any, spark_min_rows: int, case: tuple[list[pb.Entry], list[int]]
+    spark: Any, spark_min_rows: int, ahead: bool, case: tuple[list[pb.Entry], list[int]]
 ) -> None:
     """Random inserts, updates, deletes, key changes and added columns, in random batches,
     leave the target exactly as applying the ops one by one does: with the net effect
-    computed by a Spark job and, for small batches, in the driver."""
+    computed by a Spark job and, for small batches, in the driver; and with each batch
+    planned in another thread while the one before it is written (plan ahead, as the
+    subscriber does while syncing), against that batch's schemas."""
     entries, sizes = case
     reference: dict[str, Table] = {}
     for e in entries:
         for op in e.ops:
             reference_apply(reference, op)
-    with tempfile.TemporaryDirectory() as tmp:
+    starts = [1 + sum(sizes[:i]) for i in range(len(sizes))]
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(1) as pool:
         path = Path(tmp) / "target.db"
         options = ApplyOptions(spark_min_rows=spark_min_rows)
         applier = Applier(spark, SqliteWriter(path), subscription="prop", options=options)
-        seq = 1
-        for n in sizes:
-            res = applier.apply(seq, entries[seq - 1 : seq - 1 + n], incarnation="i")
-            seq += n
-            assert res.level == seq - 1
+        planned = applier.plan(1, entries[: sizes[0]]) if ahead else None
+        for i, (seq, n) in enumerate(zip(starts, sizes, strict=True)):
+            batch = entries[seq - 1 : seq - 1 + n]
+            nxt = None
+            if ahead and i + 1 < len(sizes):
+                s1, n1 = starts[i + 1], sizes[i + 1]
+                nxt = pool.submit(applier.plan, s1, entries[s1 - 1 : s1 - 1 + n1], after=planned)
+            res = applier.apply(seq, batch, incarnation="i", planned=planned)
+            assert res.level == seq + n - 1
+            assert res.planned_ahead == ahead
+            planned = nxt.result() if nxt is not None else None
         for name, t in reference.items():
             expected = {tuple(r.get(c) for c in t.columns) for r in t.rows.values()}
             assert target_rows(path, name) == expected, name
+
+
+def test_a_plan_made_against_other_schemas_or_failed_is_not_used(spark: Any) -> None:
+    """A batch planned ahead is written only if nothing else changed the schemas since
+    (here the batch before it was applied without its plan); a plan that failed leaves
+    the batch to the usual path, which stores the failing entry (policy stop)."""
+    one = Table("one", ["id", "txt"], [T.COLUMN_TYPE_INTEGER, T.COLUMN_TYPE_TEXT], ["id"])
+
+    def insert(table: str, i: int) -> pb.Entry:
+        row = [values.encode(i), values.encode(f"v{i}")]
+        return pb.Entry(ops=[pb.Op(row=pb.RowChange(table=table, op=R.ROW_OP_INSERT, row=row))])
+
+    first = [pb.Entry(ops=[pb.Op(schema=one.schema())]), insert("one", 1)]
+    second = [insert("one", 2), insert("one", 3)]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "target.db"
+        applier = Applier(spark, SqliteWriter(path), subscription="ahead")
+        p1 = applier.plan(1, first)
+        p2 = applier.plan(3, second, after=p1)
+        assert p1.error is None
+        assert p2.error is None
+        assert not applier.apply(1, first, incarnation="i").planned_ahead  # p1 not passed
+        res = applier.apply(3, second, incarnation="i", planned=p2)
+        assert not res.planned_ahead
+        assert res.level == 4
+        assert target_rows(path, "one") == {(1, "v1"), (2, "v2"), (3, "v3")}
+
+        bad = [insert("one", 5), insert("nosuch", 6)]
+        p3 = applier.plan(5, bad)
+        assert p3.error is not None
+        assert "nosuch" in str(p3.error)
+        with pytest.raises(PoisonEntryError) as caught:
+            applier.apply(5, bad, incarnation="i", planned=p3)
+        assert caught.value.seq == 6
+        assert caught.value.level == 5
+        assert target_rows(path, "one") == {(1, "v1"), (2, "v2"), (3, "v3"), (5, "v5")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -310,29 +311,38 @@ class HeldApplier:
     def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.sizes: list[int] = []
+        self.ahead: list[bool] = []  # per apply: written with a plan made ahead
         self.hold = False
         self.gate = threading.Event()
 
     def load_state(self) -> Any:
         return self.inner.load_state()
 
-    def apply(self, first_seq: int, entries: list[pb.Entry], *, incarnation: str) -> Any:
+    def plan(self, first_seq: int, entries: list[pb.Entry], **kw: Any) -> Any:
+        return self.inner.plan(first_seq, entries, **kw)
+
+    def apply(
+        self, first_seq: int, entries: list[pb.Entry], *, incarnation: str, planned: Any = None
+    ) -> Any:
         self.sizes.append(len(entries))
         if self.hold:
             self.hold = False
             self.gate.wait(60)
-        return self.inner.apply(first_seq, entries, incarnation=incarnation)
+        result = self.inner.apply(first_seq, entries, incarnation=incarnation, planned=planned)
+        self.ahead.append(result.planned_ahead)
+        return result
 
 
 def bulk_runner(
-    pub: Pub, spark: Any, tmp_path: Path, batch: Any
+    pub: Pub, spark: Any, tmp_path: Path, batch: Any, backlog: int = 1
 ) -> tuple[Any, HeldApplier, asyncio.Task[None]]:
-    """A running subscription to "bulk" (one entry published first) through a HeldApplier."""
+    """A running subscription to "bulk" (``backlog`` entries published first) through a
+    HeldApplier."""
     from subscriber.apply import Applier, SqliteWriter
     from subscriber.config import BackoffConfig, SubscriptionConfig
     from subscriber.connection import SubscriptionRunner
 
-    pub.publish("bulk", 1)
+    pub.publish("bulk", backlog)
     config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
     held = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
     runner = SubscriptionRunner(
@@ -383,6 +393,38 @@ async def test_entries_arriving_during_a_slow_apply_are_applied_together(
         assert len(after) <= 5, f"{len(after)} applies for 301 entries: {after}"
     finally:
         held.gate.set()
+        runner.stop()
+        await asyncio.wait_for(task, 60)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("plan_ahead", [True, False], ids=["plan-ahead", "off"])
+async def test_a_catch_up_plans_each_batch_while_the_one_before_is_written(
+    pub: Pub, spark: Any, tmp_path: Path, plan_ahead: bool
+) -> None:
+    """Syncing, batch n+1 is taken and planned while batch n is written; the target
+    ends exactly as published; with plan_ahead off no batch is planned ahead."""
+    from subscriber.config import BatchConfig
+
+    batch = BatchConfig(max_entries=40, queue_batches=2, plan_ahead=plan_ahead)
+    runner, held, task = bulk_runner(pub, spark, tmp_path, batch, backlog=600)
+    try:
+        head = pub.head("bulk")
+
+        async def caught_up() -> None:
+            while runner.level < head or runner.state != "in_sync":
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(caught_up(), 120)
+        assert sum(held.sizes) == head
+        with sqlite3.connect(tmp_path / "target.db") as tgt:
+            got = tgt.execute("SELECT count(*), min(id), max(id) FROM notes").fetchone()
+        assert got == (600, 0, 599)
+        if plan_ahead:
+            assert sum(held.ahead) >= len(held.ahead) // 2, held.ahead
+        else:
+            assert not any(held.ahead), held.ahead
+    finally:
         runner.stop()
         await asyncio.wait_for(task, 60)
 
