@@ -125,7 +125,7 @@ class BatchConfig:
     # In sync, an apply that finds fewer than max_entries waiting waits up to this long
     # for more (fewer, larger target transactions at the cost of lag); 0: apply at once,
     # with whatever arrived while the previous apply ran.
-    max_delay_ms: int = 0
+    max_delay_ms: int = 25
     # While a batch is written to the target, the next one (if already received) is
     # planned: walk, decoding and the Spark net-effect job overlap the target's work.
     plan_ahead: bool = True

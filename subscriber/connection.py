@@ -149,6 +149,7 @@ class SubscriptionRunner:
         self.next_run: float | None = None
         self.runs = 0
         self._run_done = False
+        self._ending = False  # the session is ending: the apply loop stops between batches
 
     # -- control --------------------------------------------------------------------
 
@@ -369,6 +370,7 @@ class SubscriptionRunner:
                 self.sessions += 1
                 self._set("syncing", f"level {self.level}, head {first.welcome.head}")
                 queue: asyncio.Queue[Received | None] = asyncio.Queue(self.batch.queue_batches)
+                self._ending = False
                 applier = asyncio.create_task(self._apply_loop(queue, call))
                 try:
                     await self._receive_loop(call, queue, applier)
@@ -376,6 +378,7 @@ class SubscriptionRunner:
                     if not applier.done():
                         # Let the batch in flight finish (a thread cannot be cancelled),
                         # drop the rest: the next Hello resumes from the applied level.
+                        self._ending = True  # a batch planned ahead is not applied
                         while not queue.empty():
                             queue.get_nowait()
                         queue.put_nowait(None)
@@ -574,6 +577,8 @@ class SubscriptionRunner:
             while True:
                 planned: Planned | None = None
                 if ahead is not None:
+                    if self._ending:
+                        return  # dropped with the queue: resent after the next Hello
                     first_seq, size, planning = ahead
                     ahead = None
                     started = time.monotonic()

@@ -317,7 +317,7 @@ def _reencode(draw: Any, entry: pb.Entry) -> bytes:
 
 
 @settings(
-    max_examples=400,
+    max_examples=150,
     deadline=None,
     database=None,  # no .hypothesis/ directory in the checkout
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
