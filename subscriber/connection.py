@@ -611,7 +611,7 @@ class SubscriptionRunner:
                         planned=planned,
                     )
                 )
-                if queue.empty():
+                if planned is not None and planned.error is None and queue.empty():
                     await asyncio.sleep(0)  # let the receive loop queue what it holds
                 if planned is not None and planned.error is None and not queue.empty():
                     got = await self._gather(queue, linger=False)

@@ -308,11 +308,9 @@ class Applier:
             and planned.count == len(entries)
             and planned.base is state.schemas
         )
-        if ahead:
-            assert planned is not None
-            rows, written, skipped = self._apply_planned(planned, entries, incarnation)
-        else:
-            rows, written, skipped = self._apply_or_narrow(first_seq, entries, incarnation, None)
+        rows, written, skipped = self._apply_or_narrow(
+            first_seq, entries, incarnation, None, planned if ahead else None
+        )
         last_seq = first_seq + len(entries) - 1
         return ApplyResult(
             last_seq,
@@ -325,30 +323,6 @@ class Applier:
             planned_ahead=ahead,
         )
 
-    def _apply_planned(
-        self, planned: Planned, entries: Sequence[pb.Entry], incarnation: str
-    ) -> tuple[int, int, list[int]]:
-        """Write a batch planned ahead; on a persistent failure, narrow as usual."""
-        first_seq = planned.first_seq
-        last_seq = first_seq + planned.count - 1
-        steps = planned.steps
-        assert steps is not None
-
-        def write() -> int:
-            return self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
-
-        try:
-            written: int = self._retrying(write)
-        except GapError:
-            self._state = None
-            raise
-        except TransientError:
-            raise
-        except ApplyError as exc:
-            return self._apply_or_narrow(first_seq, entries, incarnation, exc)
-        self._state = SubscriptionState(last_seq, incarnation, planned.schemas)
-        return planned.rows, written, []
-
     # -- retries and narrowing ------------------------------------------------------
 
     def _apply_or_narrow(
@@ -357,14 +331,16 @@ class Applier:
         entries: Sequence[pb.Entry],
         incarnation: str,
         failure: ApplyError | None,
+        planned: Planned | None = None,
     ) -> tuple[int, int, list[int]]:
         """Apply, or (on a persistent failure) apply all but the failing entry.
 
+        ``planned``: the whole batch's plan, made ahead (the halves plan again).
         Returns (row changes, target rows written, skipped seqs).
         """
         if failure is None:
             try:
-                rows, written = self._apply_retrying(first_seq, entries, incarnation)
+                rows, written = self._apply_retrying(first_seq, entries, incarnation, planned)
                 return rows, written, []
             except (GapError, TransientError):
                 raise
@@ -391,13 +367,19 @@ class Applier:
         raise AssertionError("unreachable")
 
     def _apply_retrying(
-        self, first_seq: int, entries: Sequence[pb.Entry], incarnation: str
+        self,
+        first_seq: int,
+        entries: Sequence[pb.Entry],
+        incarnation: str,
+        planned: Planned | None = None,
     ) -> tuple[int, int]:
-        state = self.state
-        schemas = dict(state.schemas)
-        t0 = time.perf_counter()
-        steps, rows = self._plan(first_seq, entries, schemas)
-        self._last_plan_s += time.perf_counter() - t0
+        if planned is not None and planned.steps is not None:
+            steps, rows, schemas = planned.steps, planned.rows, planned.schemas
+        else:
+            schemas = dict(self.state.schemas)
+            t0 = time.perf_counter()
+            steps, rows = self._plan(first_seq, entries, schemas)
+            self._last_plan_s += time.perf_counter() - t0
         last_seq = first_seq + len(entries) - 1
 
         def write() -> int:
