@@ -37,8 +37,12 @@ class Publication:
         entry = pb.Entry.FromString(payload)
         return int(entry.source_position or 0)
 
-    def append(self, entry: pb.Entry, position: int | None = None) -> int:
-        """Append one entry; returns its seq.  ``position``: the capture position it reaches."""
+    def append(self, entry: pb.Entry, position: int | None = None, *, wait: bool = True) -> int:
+        """Append one entry; returns its seq.  ``position``: the capture position it reaches.
+
+        ``wait=False``: do not wait for durability (see :meth:`Log.append`); the entry
+        is visible to feeds after the log's next flush.
+        """
         with self._lock:
             if position is not None:
                 entry.source_position = str(position)
@@ -46,7 +50,7 @@ class Publication:
                 entry.source_position = str(self.position)
             if not entry.commit_time_us:
                 entry.commit_time_us = int(time.time() * 1_000_000)
-            seq = self.log.append([entry.SerializeToString()])
+            seq = self.log.append([entry.SerializeToString()], wait=wait)
             if position is not None:
                 self.position = position
             self.last_commit_time = entry.commit_time_us / 1_000_000

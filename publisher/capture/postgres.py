@@ -23,6 +23,13 @@ and table: the log incarnation, the LSN of the table's snapshot, the schema last
   position of its log's newest entry).  Each log receives transactions in commit order
   and a transaction is appended to all its publications before the next is looked at,
   so every log holds a prefix of the stream: nothing lost, nothing doubled.
+  A transaction's entries are appended without waiting for their fsync
+  (``wait=False``); a flusher thread of the session makes them durable, and so visible
+  to feeds, in rounds that take whatever was appended meanwhile, while decoding goes
+  on.  So one fsync no longer costs every transaction (group commit across
+  transactions), and nothing is sent that is not durable: a log's readers see only
+  its durable head.  A schema recorded in ``_txrepl.installs`` is saved only after the
+  entry carrying its schema op is durable.
 * Existing rows (snapshot alignment).  Installing a table locks it ``IN SHARE MODE``
   (waiting out in-flight writers), sets the replica identity and adds it to the
   PostgreSQL publication, all in one transaction.  When capture runs it creates a
@@ -99,6 +106,7 @@ from publisher.capture._pgoutput import (
 from publisher.capture._pgtypes import SESSION_GUCS, to_value
 from publisher.capture._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
 from publisher.errors import SourceError
+from publisher.log import Log, LogError
 from publisher.publication import Publication
 
 __all__ = ["Plugin", "PostgresCapture"]
@@ -685,6 +693,45 @@ def _format_lsn(lsn: int) -> str:
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
+class _Flusher(threading.Thread):
+    """Makes a session's appends durable, and visible to feeds, while it decodes on.
+
+    :meth:`kick` after an append; each round flushes every log (a no-op for a log with
+    nothing pending), taking along whatever was appended during the previous fsync.
+    A failed log stops the flusher with ``error`` set; the session raises it.
+    """
+
+    def __init__(self, logs: Sequence[Log]) -> None:
+        super().__init__(name="txrepl-pg-capture-flush", daemon=True)
+        self.logs = list(logs)
+        self.error: LogError | None = None
+        self._kicked = threading.Event()
+        self._stopping = False
+
+    def kick(self) -> None:
+        self._kicked.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._kicked.set()
+        if self.is_alive():
+            self.join()
+
+    def run(self) -> None:
+        while True:
+            self._kicked.wait()
+            self._kicked.clear()
+            if self._stopping:
+                return
+            try:
+                for lg in self.logs:
+                    lg.flush()
+            except LogError as e:
+                self.error = e
+                log.error("capture: publication log flush failed", error=str(e))
+                return
+
+
 class _Session:
     """One replication connection's worth of streaming (reconnects make a new one)."""
 
@@ -707,8 +754,10 @@ class _Session:
         self.touched: set[str] = set()
         self.last_feedback = 0.0
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
+        self.flusher = _Flusher([p.log for p in pubs])
 
     def close(self) -> None:
+        self.flusher.stop()
         if self.pending is not None:
             self.pending.conn.close()
             self.pending = None
@@ -746,8 +795,11 @@ class _Session:
             slot_name=cap.slot, decode=False, options=options, status_interval=5
         )
         log.info("capture streaming", slot=cap.slot, plugin=cap.plugin)
+        self.flusher.start()
         fd = self.conn.fileno()
         while not self.halt.is_set():
+            if self.flusher.error is not None:
+                raise self.flusher.error
             if cap._dirty.is_set() and self.txn is None:
                 self._reload()
             msg = self.cur.read_message()
@@ -873,10 +925,12 @@ class _Session:
             ps = self.state[pubname]
             entry = pb.Entry(commit_time_us=ev.commit_time_us)
             entry.ops.extend(ops)
-            ps.pub.append(entry, position=ev.commit_lsn)
+            ps.pub.append(entry, position=ev.commit_lsn, wait=False)
             self.touched.add(pubname)
             self.cap.entries += 1
+        self.flusher.kick()
         for pubname, table, schema in txn.logged:
+            self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
             self.cap._save_logged(pubname, table, schema, done=False)
         self.cap.transactions += 1
         self.confirmable = max(self.confirmable, ev.end_lsn)

@@ -142,13 +142,18 @@ class Log:
 
     # -- append ---------------------------------------------------------------
 
-    def append(self, payloads: Sequence[bytes]) -> int:
+    def append(self, payloads: Sequence[bytes], *, wait: bool = True) -> int:
         """Append entries; return the seq of the first one (the rest follow consecutively).
 
         Under ``fsync="always"`` returns once the entries are durable (fsynced, shared
         with concurrent appenders).  Under ``"interval"`` returns once they are written
         to the OS; they become durable, and visible to readers and listeners, at the
         next periodic fsync (see :meth:`flush`).
+
+        ``wait=False`` (``"always"`` only): return at once; the entries are queued for
+        the next fsync round and become durable and visible at the next :meth:`flush`
+        by anyone.  For an appender that makes its own durability points (PostgreSQL
+        capture flushes before it confirms a position to the source).
         """
         if not payloads:
             raise ValueError("append needs at least one entry")
@@ -172,7 +177,7 @@ class Log:
                     raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
             seg.note_written(first, base, starts, len(data))
             self._written = last = first + len(payloads) - 1
-            if self._fsync_policy == "always":
+            if self._fsync_policy == "always" and wait:
                 self._wait_durable_locked(last)
         return first
 

@@ -110,3 +110,27 @@ def test_segment_rolls_under_concurrency_keep_records_in_their_segment(tmp_path:
     with open_log(d) as lg:
         got = lg.read(1, max_entries=len(expected), max_bytes=1 << 30)
         assert got == [expected[s] for s in range(1, len(expected) + 1)]
+
+
+def test_append_without_wait_is_visible_only_once_flushed(tmp_path: Path):
+    """wait=False queues entries: readers and listeners see them after the next flush,
+    which makes all of them durable with one fsync; a reopen after close keeps them."""
+    with open_log(tmp_path / "pub") as lg:
+        fsyncs: list[int] = []
+        heads: list[int] = []
+        lg.fsync_hook = fsyncs.append
+        lg.add_listener(heads.append)
+        seqs = [lg.append([f"e{i}".encode()], wait=False) for i in range(1, 6)]
+        assert seqs == [1, 2, 3, 4, 5]
+        assert lg.head == 0
+        assert lg.read(1) == []
+        assert heads == []
+        assert fsyncs == []
+        assert lg.flush() == 5
+        assert len(fsyncs) == 1
+        assert heads == [5]
+        assert lg.read(1) == [f"e{i}".encode() for i in range(1, 6)]
+        lg.append([b"e6"], wait=False)
+    with open_log(tmp_path / "pub", create=False) as lg:
+        assert lg.head == 6
+        assert lg.read(6) == [b"e6"]
