@@ -9,13 +9,22 @@ A batch's transaction::
                                                          -- applier waits, then fails
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD COLUMN; upsert txrepl_schemas
-      rows      CREATE TEMP TABLE ... ON COMMIT DROP; COPY ... FROM STDIN (FORMAT csv)
+      rows      COPY stage FROM STDIN (FORMAT csv)
                 DELETE FROM t USING stage ...; INSERT INTO t SELECT ... ON CONFLICT DO UPDATE
       truncate  TRUNCATE t
       sql       the statement
       call      CALL name(args)
     UPDATE the level row
     COMMIT
+
+Staging tables are temporary tables ``ON COMMIT DELETE ROWS``, one per shape (the
+PostgreSQL types of its columns ``c<i>``), created in the batch that first needs them
+and kept for the session's life: creating and dropping a temporary table per batch
+cost about 2 ms each (catalog rows written and removed), a third of a small apply.
+The writer remembers a stage only once the transaction that created it committed (a
+rollback takes it away); a stage used twice in one transaction (two segments of the
+same shape) is emptied with TRUNCATE before its second use.  A new connection starts
+with none.
 
 Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
 numeric), FLOAT double precision, TEXT text, BYTES bytea, BOOLEAN boolean, DATE date,
@@ -118,6 +127,11 @@ class PostgresWriter:
         self._procedures = load_procedures(procedures)
         self._lock = threading.Lock()
         self._conn: psycopg.Connection[Any] | None = None
+        # Staging tables by shape: those of the session (committed), those created and
+        # those filled in the current transaction.
+        self._stages: dict[tuple[tuple[int, str], ...], str] = {}
+        self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
+        self._filled: set[str] = set()
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -127,6 +141,7 @@ class PostgresWriter:
         if self._conn is None or self._conn.closed or self._conn.broken:
             if self._conn is not None:
                 self._conn.close()
+            self._stages.clear()  # temporary tables die with their session
             self._conn = psycopg.connect(
                 self.dsn,
                 autocommit=True,
@@ -139,6 +154,8 @@ class PostgresWriter:
     def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
         """Run ``body(cursor)`` in one transaction with the session settings; translate."""
         conn: psycopg.Connection[Any] | None = None
+        self._new_stages.clear()
+        self._filled.clear()
         try:
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cur:
@@ -153,7 +170,9 @@ class PostgresWriter:
                     )
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
-                return body(cur)
+                result = body(cur)
+            self._stages.update(self._new_stages)  # committed: they exist from now on
+            return result
         except psycopg.Error as exc:
             where = self.dsn.rsplit("@", 1)[-1]  # never the password
             cls = TransientError if _transient(exc, conn) else WriterError
@@ -242,8 +261,8 @@ class PostgresWriter:
             level, stored = self._lock_level(cur, subscription)
             check_level(subscription, incarnation, first_seq, level, stored)
             written = 0
-            for n, step in enumerate(steps):
-                written += self._step(cur, subscription, step, n)
+            for step in steps:
+                written += self._step(cur, subscription, step)
             self._set_level(cur, subscription, incarnation, last_seq)
             return written
 
@@ -253,11 +272,11 @@ class PostgresWriter:
 
     # -- steps -------------------------------------------------------------------
 
-    def _step(self, cur: psycopg.Cursor[Any], subscription: str, step: Step, n: int) -> int:
+    def _step(self, cur: psycopg.Cursor[Any], subscription: str, step: Step) -> int:
         if isinstance(step, RowsStep):
-            return self._rows(cur, step, n)
+            return self._rows(cur, step)
         if isinstance(step, HistoryStep):
-            return self._history(cur, step, n)
+            return self._history(cur, step)
         if isinstance(step, SchemaStep):
             self._schema(cur, subscription, step)
             return 0
@@ -328,26 +347,34 @@ class PostgresWriter:
             (subscription, step.schema.table, step.schema.SerializeToString()),
         )
 
-    @staticmethod
     def _stage(
-        cur: psycopg.Cursor[Any], name: str, schema: pb.TableSchema, indexes: list[int]
-    ) -> sql.Composed:
-        cols = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(Q(f"c{i}"), sql.SQL(pg_type(schema.columns[i])))
-            for i in indexes
-        )
-        cur.execute(sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DROP").format(Q(name), cols))
-        return sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(Q(name))
+        self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int]
+    ) -> tuple[str, sql.Composed]:
+        """An empty staging table for columns ``indexes`` of ``schema``, and its COPY."""
+        shape = tuple((i, pg_type(schema.columns[i])) for i in indexes)
+        name = self._stages.get(shape) or self._new_stages.get(shape)
+        if name is None:
+            name = f"_txrepl_stage{len(self._stages) + len(self._new_stages)}"
+            cols = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(Q(f"c{i}"), sql.SQL(t)) for i, t in shape
+            )
+            cur.execute(
+                sql.SQL("CREATE TEMP TABLE {} ({}) ON COMMIT DELETE ROWS").format(Q(name), cols)
+            )
+            self._new_stages[shape] = name
+        elif name in self._filled:
+            cur.execute(sql.SQL("TRUNCATE {}").format(Q(name)))
+        self._filled.add(name)
+        return name, sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(Q(name))
 
-    def _rows(self, cur: psycopg.Cursor[Any], step: RowsStep, n: int) -> int:
+    def _rows(self, cur: psycopg.Cursor[Any], step: RowsStep) -> int:
         schema = step.schema
         names = [c.name for c in schema.columns]
         key_idx = [names.index(k) for k in schema.primary_key]
         table = Q(schema.table)
         written = 0
         if step.deletes.num_rows:
-            stage = f"_txrepl_d{n}"
-            copy = self._stage(cur, stage, schema, key_idx)
+            stage, copy = self._stage(cur, schema, key_idx)
             with cur.copy(copy) as cp:
                 cp.write(csv_bytes(step.deletes, schema, key_idx))
             match = sql.SQL(" AND ").join(
@@ -358,24 +385,22 @@ class PostgresWriter:
             )
             written += step.deletes.num_rows
         if step.upserts.num_rows:
-            stage = f"_txrepl_u{n}"
             every = list(range(len(names)))
-            copy = self._stage(cur, stage, schema, every)
+            stage, copy = self._stage(cur, schema, every)
             with cur.copy(copy) as cp:
                 cp.write(csv_bytes(step.upserts, schema, every))
             written += step.upserts.num_rows
             cur.execute(_merge_sql(schema, stage))
         return written
 
-    def _history(self, cur: psycopg.Cursor[Any], step: HistoryStep, n: int) -> int:
+    def _history(self, cur: psycopg.Cursor[Any], step: HistoryStep) -> int:
         schema, versions = step.schema, step.versions
         names = [c.name for c in schema.columns]
         every = list(range(len(names)))
         keys = [names.index(k) for k in schema.primary_key[:-1]]
         first = names.index("_first_seq")
         firsts = versions.filter(versions.column("_first"))
-        stage = f"_txrepl_h{n}"
-        copy = self._stage(cur, stage, schema, [*keys, first])
+        stage, copy = self._stage(cur, schema, [*keys, first])
         with cur.copy(copy) as cp:
             cp.write(csv_bytes(firsts, schema, [*keys, first]))
         match = sql.SQL(" AND ").join(
@@ -387,8 +412,7 @@ class PostgresWriter:
                 " WHERE {} AND t._last_seq IS NULL"
             ).format(Q(schema.table), Q(f"c{first}"), Q(stage), match)
         )
-        stage = f"_txrepl_v{n}"
-        copy = self._stage(cur, stage, schema, every)
+        stage, copy = self._stage(cur, schema, every)
         with cur.copy(copy) as cp:
             cp.write(csv_bytes(versions, schema, every))
         cur.execute(

@@ -20,7 +20,7 @@ from subscriber.apply import (
     TransientError,
     WriterError,
 )
-from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, entry, ins, schema_op
+from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -170,4 +170,35 @@ def test_lock_timeout_is_transient(spark: Any, pg_db: str) -> None:
         with pytest.raises(TransientError, match="LockNotAvailable"):
             writer.write("s", INC, 2, 2, [])
     writer.write("s", INC, 2, 2, [])  # and afterwards it works
+    writer.close()
+
+
+def test_staging_tables_are_kept_per_shape_and_a_rollback_takes_them_away(
+    spark: Any, pg_db: str
+) -> None:
+    """A failed batch rolls back the staging tables it created; the next batch makes
+    them again, and from then on every batch reuses them."""
+    run(
+        pg_db,
+        "CREATE TABLE items(id bigint PRIMARY KEY, name text, price numeric CHECK (id < 100))",
+    )
+    writer = PostgresWriter(pg_db)
+    applier = Applier(spark, writer, subscription="s")
+    applier.apply(1, [entry(schema_op(ITEMS))], incarnation=INC)
+    bad = entry(ins("items", 500, "too big", decimal.Decimal("1.00")))
+    with pytest.raises(PoisonEntryError):
+        applier.apply(2, [bad], incarnation=INC)
+    run(pg_db, "ALTER TABLE items DROP CONSTRAINT items_id_check")
+    applier.apply(2, [bad], incarnation=INC)  # the operator fixed the target: it applies
+    level = 2
+    for i in range(10):
+        ops = [ins("items", i, f"n{i}", decimal.Decimal(i)), dele("items", 500 - i)]
+        level = applier.apply(level + 1, [entry(*ops)], incarnation=INC).level
+    assert fetch(pg_db, "SELECT count(*) FROM items") == [(10,)]
+    stages = fetch(
+        pg_db,
+        "SELECT relname FROM pg_class WHERE relpersistence = 't'"
+        " AND relname LIKE '\\_txrepl\\_stage%' ORDER BY relname",
+    )
+    assert stages == [("_txrepl_stage0",), ("_txrepl_stage1",)]  # rows, and keys to delete
     writer.close()
