@@ -8,6 +8,7 @@ A second SIGTERM/SIGINT during the drain forces exit (status 1).
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import os
 import signal
@@ -181,6 +182,18 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up allocated (modules, Spark and gRPC objects) out of the GC.
+
+    Python's full collections walk every tracked object; after start-up most of them
+    live for the whole run.  ``gc.freeze()`` leaves them out of later collections, so
+    a full collection no longer stalls an in-sync apply or a feed for 40-90 ms
+    (measured in the subscriber during W1's lag phase).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -39,7 +39,12 @@ from common.security import (
     server_credentials,
     token_from_metadata,
 )
-from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
+from common.serve import (
+    GrpcEndpoint,
+    freeze_startup_heap,
+    install_signal_handlers,
+    write_atomic,
+)
 from common.systemd import Notifier
 from publisher.capture import SqliteCapture
 from publisher.capture.postgres import PostgresCapture
@@ -292,6 +297,7 @@ class Publisher:
             self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, registry)
             address = self.metrics_server.start()
             write_atomic(self.data_dir / "metrics.addr", address + "\n")
+        freeze_startup_heap()
         write_atomic(self.data_dir / "publisher.addr", self.endpoint.address + "\n")
         log.info(
             "publisher ready",

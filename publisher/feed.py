@@ -224,7 +224,7 @@ class FeedManager:
                 "restored from an older backup",
                 publication=pub.name,
                 subscriber=hello.subscriber,
-                level=hello.level,
+                sync_level=hello.level,
                 head=head,
             )
             raise FeedRefused(
@@ -349,7 +349,7 @@ class FeedManager:
             "feed started",
             publication=pub.name,
             subscriber=feed.subscriber,
-            level=feed.level,
+            sync_level=feed.level,
             head=plog.head,
         )
         next_seq = feed.level + 1

@@ -48,7 +48,7 @@ def apply_retention(pub: Publication, registry: Registry) -> int:
                     "retention limit invalidated a subscriber",
                     publication=pub.name,
                     subscriber=row.subscriber,
-                    level=row.level,
+                    sync_level=row.level,
                     first_retained=first,
                 )
     if purged:

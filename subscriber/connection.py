@@ -165,7 +165,7 @@ class SubscriptionRunner:
             state=state,
             previous=prev,
             reason=reason,
-            level=self.level,
+            sync_level=self.level,
         )
 
     def pause(self) -> None:
@@ -336,7 +336,7 @@ class SubscriptionRunner:
         incarnation, seq = await asyncio.to_thread(self.snapshot)
         self.applier.load_state()
         self.level, self.incarnation = seq, incarnation
-        log.info("snapshot loaded", subscription=self.name, level=seq)
+        log.info("snapshot loaded", subscription=self.name, sync_level=seq)
 
     async def _session(self) -> bool:
         """One connection; returns True if anything was applied."""
@@ -629,6 +629,7 @@ class SubscriptionRunner:
                             ),
                         )
                 result = await writing
+                now = time.time()
                 self.level = result.level
                 self.applied_entries += len(entries)
                 self.applied_rows += result.rows
@@ -636,7 +637,7 @@ class SubscriptionRunner:
                     "batch applied",
                     subscription=self.name,
                     first_seq=first_seq,
-                    level=self.level,
+                    sync_level=self.level,
                     entries=len(entries),
                     rows=result.rows,
                     bytes=size,
@@ -644,6 +645,9 @@ class SubscriptionRunner:
                     plan_seconds=round(result.plan_seconds, 4),
                     planned_ahead=result.planned_ahead,
                     head=self.head,
+                    # source commit -> applied here, of the batch's newest and oldest entry
+                    lag_ms=round((now - entries[-1].commit_time_us / 1e6) * 1000, 1),
+                    oldest_ms=round((now - entries[0].commit_time_us / 1e6) * 1000, 1),
                 )
                 ack = pb.SubscriberMessage()
                 ack.ack.level = self.level

@@ -40,7 +40,12 @@ from common.security import (
     aio_channel_factory,
     server_credentials,
 )
-from common.serve import GrpcEndpoint, install_signal_handlers, write_atomic
+from common.serve import (
+    GrpcEndpoint,
+    freeze_startup_heap,
+    install_signal_handlers,
+    write_atomic,
+)
 from common.systemd import Notifier
 from subscriber.apply import (
     Applier,
@@ -263,6 +268,7 @@ class Subscriber:
             self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, self.metrics_registry)
             address = self.metrics_server.start()
             write_atomic(cfg.data_path / "metrics.addr", address + "\n")
+        freeze_startup_heap()
         write_atomic(cfg.data_path / "subscriber.addr", endpoint.address + "\n")
         log.info(
             "subscriber ready",
