@@ -25,7 +25,7 @@ from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.writer import column_of
 
-__all__ = ["csv_bytes", "pg_type"]
+__all__ = ["csv_bytes", "pg_column", "pg_type"]
 
 T = pb.ColumnType
 
@@ -69,7 +69,7 @@ def _text_form(v: object) -> str:
     raise TypeError(f"no PostgreSQL text form for {type(v).__name__}")
 
 
-def _pg_column(table: pa.Table, index: int, column: pb.Column) -> pa.Array | pa.ChunkedArray:
+def pg_column(table: pa.Table, index: int, column: pb.Column) -> pa.Array | pa.ChunkedArray:
     col, variant = column_of(table, index)
     if variant:
         cells = [
@@ -90,7 +90,7 @@ def _pg_column(table: pa.Table, index: int, column: pb.Column) -> pa.Array | pa.
 
 def csv_bytes(table: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> bytes:
     """The schema columns ``indexes`` of an apply table as headerless PostgreSQL CSV."""
-    arrays = [_pg_column(table, i, schema.columns[i]) for i in indexes]
+    arrays = [pg_column(table, i, schema.columns[i]) for i in indexes]
     out = pa.table(arrays, names=[f"c{i}" for i in indexes])
     buf = io.BytesIO()
     pcsv.write_csv(out, buf, _WRITE)

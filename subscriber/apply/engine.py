@@ -196,6 +196,9 @@ class Applier:
             options = ApplyOptions.from_config(options)
         self.options = options
         self._shapes.clear()
+        use_jdbc = getattr(self._writer, "use_spark_jdbc", None)
+        if use_jdbc is not None:  # PostgreSQL: big rows steps staged by Spark over JDBC
+            use_jdbc(self._spark, options.jdbc_min_rows)
 
     def load_state(self) -> SubscriptionState:
         """Read the subscription's level, incarnation and schemas from the target.

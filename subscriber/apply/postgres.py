@@ -26,6 +26,10 @@ rollback takes it away); a stage used twice in one transaction (two segments of 
 same shape) is emptied with TRUNCATE before its second use.  A new connection starts
 with none.
 
+Large rows steps (``[apply] jdbc_min_rows``, off by default) are staged by Spark over
+JDBC before the transaction instead of by COPY inside it (``_pgjdbc.py``); the
+transaction merges from those tables the same way, then empties them.
+
 Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
 numeric), FLOAT double precision, TEXT text, BYTES bytea, BOOLEAN boolean, DATE date,
 TIME time, TIMESTAMP timestamp, TIMESTAMPTZ timestamptz, JSON jsonb, unspecified text.
@@ -38,6 +42,7 @@ everything else :class:`WriterError`.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -48,6 +53,7 @@ from psycopg import sql
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._pgcopy import csv_bytes, pg_type
+from subscriber.apply._pgjdbc import JdbcStager
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
@@ -132,6 +138,7 @@ class PostgresWriter:
         self._stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._filled: set[str] = set()
+        self._jdbc: JdbcStager | None = None
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -191,6 +198,9 @@ class PostgresWriter:
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
+                if self._jdbc is not None and not (self._conn.closed or self._conn.broken):
+                    with contextlib.suppress(psycopg.Error):
+                        self._jdbc.drop_all(self._conn)
                 self._conn.close()
 
     @staticmethod
@@ -200,6 +210,61 @@ class PostgresWriter:
         for stmt in _METADATA.split(";"):
             if stmt.strip():
                 cur.execute(stmt)
+
+    def use_spark_jdbc(self, spark: Any, min_rows: int) -> None:
+        """Stage rows steps of at least ``min_rows`` row changes through Spark JDBC.
+
+        ``min_rows = 0`` turns it off.  Raises ValueError (saying what to fix) when
+        the target URL has no TCP host or Spark cannot load the JDBC driver.
+        """
+        with self._lock:
+            if min_rows and self._jdbc is not None and self._jdbc.spark is spark:
+                self._jdbc.min_rows = min_rows  # keep its token (and its tables)
+            else:
+                self._jdbc = JdbcStager(spark, self.dsn, min_rows, self.role) if min_rows else None
+
+    def _jdbc_stages(
+        self, subscription: str, first_seq: int, steps: Sequence[Step]
+    ) -> dict[int, tuple[str | None, str | None]]:
+        """Fill the JDBC staging tables of the big rows steps; by step: (deletes, upserts)."""
+        jdbc = self._jdbc
+        if jdbc is None:
+            return {}
+        big = [
+            (n, step)
+            for n, step in enumerate(steps)
+            if isinstance(step, RowsStep)
+            and jdbc.wanted(step.deletes.num_rows + step.upserts.num_rows)
+        ]
+        if not big:
+            return {}
+        out: dict[int, tuple[str | None, str | None]] = {}
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            conn = self._connection()
+            jdbc.prepare(conn)
+            for n, step in big:
+                schema = step.schema
+                names = [c.name for c in schema.columns]
+                dname = uname = None
+                if step.deletes.num_rows:
+                    dname = jdbc.name(n, "d")
+                    keys = [names.index(k) for k in schema.primary_key]
+                    jdbc.stage(conn, dname, step.deletes, schema, keys)
+                if step.upserts.num_rows:
+                    uname = jdbc.name(n, "u")
+                    jdbc.stage(conn, uname, step.upserts, schema, list(range(len(names))))
+                out[n] = (dname, uname)
+        except psycopg.Error as exc:
+            cls = TransientError if _transient(exc, conn) else WriterError
+            raise cls(
+                f"PostgreSQL target refused a JDBC staging table: {type(exc).__name__}: {exc}",
+                subscription=subscription,
+                seq=first_seq,
+            ) from exc
+        except WriterError as exc:
+            raise type(exc)(str(exc), subscription=subscription, seq=first_seq) from exc
+        return out
 
     # -- state -------------------------------------------------------------------
 
@@ -261,20 +326,27 @@ class PostgresWriter:
             level, stored = self._lock_level(cur, subscription)
             check_level(subscription, incarnation, first_seq, level, stored)
             written = 0
-            for step in steps:
-                written += self._step(cur, subscription, step)
+            for n, step in enumerate(steps):
+                written += self._step(cur, subscription, step, staged.get(n))
             self._set_level(cur, subscription, incarnation, last_seq)
             return written
 
         with self._lock:
+            staged = self._jdbc_stages(subscription, first_seq, steps)
             written: int = self._run(subscription, first_seq, body)
             return written
 
     # -- steps -------------------------------------------------------------------
 
-    def _step(self, cur: psycopg.Cursor[Any], subscription: str, step: Step) -> int:
+    def _step(
+        self,
+        cur: psycopg.Cursor[Any],
+        subscription: str,
+        step: Step,
+        staged: tuple[str | None, str | None] | None = None,
+    ) -> int:
         if isinstance(step, RowsStep):
-            return self._rows(cur, step)
+            return self._rows(cur, step, staged)
         if isinstance(step, HistoryStep):
             return self._history(cur, step)
         if isinstance(step, SchemaStep):
@@ -367,16 +439,26 @@ class PostgresWriter:
         self._filled.add(name)
         return name, sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(Q(name))
 
-    def _rows(self, cur: psycopg.Cursor[Any], step: RowsStep) -> int:
+    def _rows(
+        self,
+        cur: psycopg.Cursor[Any],
+        step: RowsStep,
+        staged: tuple[str | None, str | None] | None = None,
+    ) -> int:
+        """Deletes, then upserts, through staging tables (COPY, or filled by JDBC)."""
         schema = step.schema
         names = [c.name for c in schema.columns]
         key_idx = [names.index(k) for k in schema.primary_key]
         table = Q(schema.table)
+        jd, ju = staged or (None, None)
         written = 0
         if step.deletes.num_rows:
-            stage, copy = self._stage(cur, schema, key_idx)
-            with cur.copy(copy) as cp:
-                cp.write(csv_bytes(step.deletes, schema, key_idx))
+            if jd is not None:
+                stage = jd
+            else:
+                stage, copy = self._stage(cur, schema, key_idx)
+                with cur.copy(copy) as cp:
+                    cp.write(csv_bytes(step.deletes, schema, key_idx))
             match = sql.SQL(" AND ").join(
                 sql.SQL("t.{} = s.{}").format(Q(names[i]), Q(f"c{i}")) for i in key_idx
             )
@@ -386,11 +468,17 @@ class PostgresWriter:
             written += step.deletes.num_rows
         if step.upserts.num_rows:
             every = list(range(len(names)))
-            stage, copy = self._stage(cur, schema, every)
-            with cur.copy(copy) as cp:
-                cp.write(csv_bytes(step.upserts, schema, every))
+            if ju is not None:
+                stage = ju
+            else:
+                stage, copy = self._stage(cur, schema, every)
+                with cur.copy(copy) as cp:
+                    cp.write(csv_bytes(step.upserts, schema, every))
             written += step.upserts.num_rows
             cur.execute(_merge_sql(schema, stage))
+        for jdbc_stage in (jd, ju):
+            if jdbc_stage is not None:  # emptied with the commit that merged it
+                cur.execute(sql.SQL("TRUNCATE {}").format(Q(jdbc_stage)))
         return written
 
     def _history(self, cur: psycopg.Cursor[Any], step: HistoryStep) -> int:

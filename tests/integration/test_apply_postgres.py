@@ -202,3 +202,100 @@ def test_staging_tables_are_kept_per_shape_and_a_rollback_takes_them_away(
     )
     assert stages == [("_txrepl_stage0",), ("_txrepl_stage1",)]  # rows, and keys to delete
     writer.close()
+
+
+def _typed(table: str) -> pb.TableSchema:
+    return pb.TableSchema(
+        table=table,
+        columns=[
+            col("k", T.COLUMN_TYPE_TEXT, nullable=False),
+            col("i", T.COLUMN_TYPE_INTEGER),
+            pb.Column(name="d", type=T.COLUMN_TYPE_DECIMAL, precision=12, scale=2, nullable=True),
+            col("f", T.COLUMN_TYPE_FLOAT),
+            col("b", T.COLUMN_TYPE_BYTES),
+            col("bo", T.COLUMN_TYPE_BOOLEAN),
+            col("da", T.COLUMN_TYPE_DATE),
+            col("ti", T.COLUMN_TYPE_TIME),
+            col("ts", T.COLUMN_TYPE_TIMESTAMP),
+            col("tz", T.COLUMN_TYPE_TIMESTAMPTZ),
+            col("j", T.COLUMN_TYPE_JSON),
+        ],
+        primary_key=["k"],
+    )
+
+
+def _typed_batches(table: str) -> list[list[pb.Entry]]:
+    """Two batches: 120 inserts of every type (NULLs too), then 40 deletes and 80 updates."""
+    tz = dt.timezone(dt.timedelta(hours=2))
+
+    def row(i: int, v: int) -> list[pb.Op]:
+        cells: list[object] = [
+            f"k{i:03d}",
+            v * 7 - 300,
+            decimal.Decimal(f"{v}.{v % 100:02d}"),
+            v / 3 if v % 9 else float("nan"),
+            bytes([v % 256, 255 - v % 256]),
+            v % 2 == 0,
+            dt.date(1970, 1, 1) + dt.timedelta(days=v - 60),
+            dt.time(v % 24, v % 60, v % 60, v),
+            dt.datetime(2024, 1, 1) + dt.timedelta(seconds=v * 3601, microseconds=v),
+            dt.datetime(2024, 6, 1, tzinfo=tz) + dt.timedelta(minutes=v),
+            None,
+        ]
+        if v % 5 == 0:
+            cells[1:10] = [None] * 9
+        op = ins(table, *cells)
+        op.row.row[10].CopyFrom(pb.Value(json=f'{{"n": {v}}}'))
+        return [op]
+
+    first = [entry(*row(i, i)) for i in range(120)]
+    second = [entry(dele(table, f"k{i:03d}")) for i in range(0, 120, 3)]
+    second += [entry(*row(i, i + 1000)) for i in range(120) if i % 3]
+    return [first, second]
+
+
+def test_big_batches_are_staged_through_spark_jdbc_with_the_same_result(
+    spark: Any, pg_db: str
+) -> None:
+    """Rows steps of at least jdbc_min_rows go through Spark's JDBC writer into staging
+    tables, and give exactly what COPY staging gives; the tables are emptied with each
+    merge and dropped when their writer closes, or by the next writer if it died."""
+    from subscriber.apply import ApplyOptions
+
+    run(pg_db, "CREATE UNLOGGED TABLE txrepl_jdbc_0123456789ab_0_u (c0 text)")  # a dead writer's
+    via_jdbc = PostgresWriter(pg_db)
+    via_copy = PostgresWriter(pg_db)
+    jdbc = Applier(spark, via_jdbc, "j", options=ApplyOptions(jdbc_min_rows=50))
+    copy = Applier(spark, via_copy, "c")
+    for applier, table in ((jdbc, "tj"), (copy, "tc")):
+        level = applier.apply(1, [entry(schema_op(_typed(table)))], incarnation=INC).level
+        for batch in _typed_batches(table):
+            level = applier.apply(level + 1, batch, incarnation=INC).level
+    got_j = fetch(pg_db, "SELECT * FROM tj ORDER BY k")
+    assert len(got_j) == 80
+    assert repr(got_j) == repr(fetch(pg_db, "SELECT * FROM tc ORDER BY k"))  # NaN != NaN
+    stages = [
+        r[0]
+        for r in fetch(pg_db, "SELECT relname FROM pg_class WHERE relname LIKE 'txrepl\\_jdbc\\_%'")
+    ]
+    token = via_jdbc._jdbc.token  # type: ignore[union-attr]
+    assert sorted(stages) == [f"txrepl_jdbc_{token}_0_d", f"txrepl_jdbc_{token}_0_u"]
+    for name in stages:
+        assert fetch(pg_db, f"SELECT count(*) FROM {name}") == [(0,)]
+    via_jdbc.close()
+    via_copy.close()
+    assert fetch(pg_db, "SELECT count(*) FROM pg_class WHERE relname LIKE 'txrepl\\_jdbc\\_%'") == [
+        (0,)
+    ]
+
+
+def test_jdbc_staging_refuses_a_unix_socket_target(spark: Any, pg_db: str) -> None:
+    """The executors must reach the target over TCP: a socket directory is refused at start."""
+    from subscriber.apply import ApplyOptions
+
+    writer = PostgresWriter(pg_db)
+    socket_dsn = "postgresql:///txrepl?host=/var/run/postgresql"
+    writer.dsn = socket_dsn
+    with pytest.raises(ValueError, match="one TCP host"):
+        Applier(spark, writer, "s", options=ApplyOptions(jdbc_min_rows=10))
+    writer.close()

@@ -182,10 +182,10 @@ def test_catch_up_into_postgres_through_cluster(
 ) -> None:
     """A W1 backlog into PostgreSQL through the cluster; JDBC staging asked for every batch.
 
-    ``apply.jdbc_min_rows = 1`` selects the parallel JDBC staging path where the
-    PostgreSQL writer has it (executors then connect to the target themselves,
-    with the PostgreSQL driver shipped through ``spark.jars``); a writer without it
-    applies from the driver.  Either way target = source.
+    ``apply.jdbc_min_rows = 1`` stages every rows step through Spark's JDBC writer:
+    the cluster's executors connect to the target themselves, with the PostgreSQL
+    driver shipped through ``spark.jars``.  Target = source, and the staging tables
+    the executors filled are there (empty) while the subscriber runs.
     """
     import psycopg
 
@@ -214,6 +214,12 @@ def test_catch_up_into_postgres_through_cluster(
             problems = diff_tables(src, dst, W1_COLUMNS)
             assert not problems, "\n".join(problems)
             assert w1_checksum(src) == w1_checksum(dst)
+            stages = dst.execute(
+                "SELECT relname FROM pg_class WHERE relname LIKE 'txrepl\\_jdbc\\_%'"
+            ).fetchall()
+            assert stages, "no JDBC staging table: the batches were not staged by Spark"
+            for (name,) in stages:
+                assert dst.execute(f'SELECT count(*) FROM "{name}"').fetchone() == (0,)
     finally:
         pair.stop()
         src.close()
