@@ -48,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
 from common import values
@@ -181,13 +182,24 @@ class PostgresWriter:
             self._stages.update(self._new_stages)  # committed: they exist from now on
             return result
         except psycopg.Error as exc:
-            where = self.dsn.rsplit("@", 1)[-1]  # never the password
-            cls = TransientError if _transient(exc, conn) else WriterError
-            raise cls(
-                f"PostgreSQL target {where} refused the batch: {type(exc).__name__}: {exc}",
-                subscription=subscription,
-                seq=seq,
-            ) from exc
+            raise self._refused(exc, conn, "the batch", subscription, seq) from exc
+
+    def _refused(
+        self,
+        exc: psycopg.Error,
+        conn: psycopg.Connection[Any] | None,
+        what: str,
+        subscription: str,
+        seq: int | None,
+    ) -> WriterError:
+        """The driver's error as TransientError or WriterError (never the password)."""
+        where = self.dsn.rsplit("@", 1)[-1]
+        cls = TransientError if _transient(exc, conn) else WriterError
+        return cls(
+            f"PostgreSQL target {where} refused {what}: {type(exc).__name__}: {exc}",
+            subscription=subscription,
+            seq=seq,
+        )
 
     @property
     def backend_pid(self) -> int:
@@ -256,12 +268,8 @@ class PostgresWriter:
                     jdbc.stage(conn, uname, step.upserts, schema, list(range(len(names))))
                 out[n] = (dname, uname)
         except psycopg.Error as exc:
-            cls = TransientError if _transient(exc, conn) else WriterError
-            raise cls(
-                f"PostgreSQL target refused a JDBC staging table: {type(exc).__name__}: {exc}",
-                subscription=subscription,
-                seq=first_seq,
-            ) from exc
+            what = "a JDBC staging table"
+            raise self._refused(exc, conn, what, subscription, first_seq) from exc
         except WriterError as exc:
             raise type(exc)(str(exc), subscription=subscription, seq=first_seq) from exc
         return out
@@ -439,6 +447,15 @@ class PostgresWriter:
         self._filled.add(name)
         return name, sql.SQL("COPY {} FROM STDIN (FORMAT csv)").format(Q(name))
 
+    def _copied(
+        self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int], rows: pa.Table
+    ) -> str:
+        """A staging table holding columns ``indexes`` of apply table ``rows``, by COPY."""
+        stage, copy = self._stage(cur, schema, indexes)
+        with cur.copy(copy) as cp:
+            cp.write(csv_bytes(rows, schema, indexes))
+        return stage
+
     def _rows(
         self,
         cur: psycopg.Cursor[Any],
@@ -453,12 +470,7 @@ class PostgresWriter:
         jd, ju = staged or (None, None)
         written = 0
         if step.deletes.num_rows:
-            if jd is not None:
-                stage = jd
-            else:
-                stage, copy = self._stage(cur, schema, key_idx)
-                with cur.copy(copy) as cp:
-                    cp.write(csv_bytes(step.deletes, schema, key_idx))
+            stage = jd or self._copied(cur, schema, key_idx, step.deletes)
             match = sql.SQL(" AND ").join(
                 sql.SQL("t.{} = s.{}").format(Q(names[i]), Q(f"c{i}")) for i in key_idx
             )
@@ -468,12 +480,7 @@ class PostgresWriter:
             written += step.deletes.num_rows
         if step.upserts.num_rows:
             every = list(range(len(names)))
-            if ju is not None:
-                stage = ju
-            else:
-                stage, copy = self._stage(cur, schema, every)
-                with cur.copy(copy) as cp:
-                    cp.write(csv_bytes(step.upserts, schema, every))
+            stage = ju or self._copied(cur, schema, every, step.upserts)
             written += step.upserts.num_rows
             cur.execute(_merge_sql(schema, stage))
         for jdbc_stage in (jd, ju):
@@ -488,9 +495,7 @@ class PostgresWriter:
         keys = [names.index(k) for k in schema.primary_key[:-1]]
         first = names.index("_first_seq")
         firsts = versions.filter(versions.column("_first"))
-        stage, copy = self._stage(cur, schema, [*keys, first])
-        with cur.copy(copy) as cp:
-            cp.write(csv_bytes(firsts, schema, [*keys, first]))
+        stage = self._copied(cur, schema, [*keys, first], firsts)
         match = sql.SQL(" AND ").join(
             sql.SQL("t.{} = s.{}").format(Q(names[i]), Q(f"c{i}")) for i in keys
         )
@@ -500,9 +505,7 @@ class PostgresWriter:
                 " WHERE {} AND t._last_seq IS NULL"
             ).format(Q(schema.table), Q(f"c{first}"), Q(stage), match)
         )
-        stage, copy = self._stage(cur, schema, every)
-        with cur.copy(copy) as cp:
-            cp.write(csv_bytes(versions, schema, every))
+        stage = self._copied(cur, schema, every, versions)
         cur.execute(
             sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
                 Q(schema.table),

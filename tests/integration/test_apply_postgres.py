@@ -37,24 +37,9 @@ def run(dsn: str, text: str) -> None:
 
 def test_typed_values_and_ddl(spark: Any, pg_db: str) -> None:
     """Every logical type gets its PostgreSQL type and its value back exactly."""
-    schema = pb.TableSchema(
-        table="Typed",
-        columns=[
-            col("k", T.COLUMN_TYPE_TEXT, nullable=False),
-            col("i", T.COLUMN_TYPE_INTEGER, nullable=False),
-            pb.Column(name="d", type=T.COLUMN_TYPE_DECIMAL, precision=12, scale=2, nullable=True),
-            col("f", T.COLUMN_TYPE_FLOAT),
-            col("b", T.COLUMN_TYPE_BYTES),
-            col("bo", T.COLUMN_TYPE_BOOLEAN),
-            col("da", T.COLUMN_TYPE_DATE),
-            col("ti", T.COLUMN_TYPE_TIME),
-            col("ts", T.COLUMN_TYPE_TIMESTAMP),
-            col("tz", T.COLUMN_TYPE_TIMESTAMPTZ),
-            col("j", T.COLUMN_TYPE_JSON),
-            col("Mixed Case", T.COLUMN_TYPE_TEXT),
-        ],
-        primary_key=["k"],
-    )
+    schema = _typed("Typed")
+    schema.columns[1].nullable = False
+    schema.columns.append(col("Mixed Case", T.COLUMN_TYPE_TEXT))
     tz = dt.timezone(dt.timedelta(hours=-5, minutes=-30))
     row = (
         "x",
