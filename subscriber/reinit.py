@@ -37,6 +37,7 @@ import structlog
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.values import decode
+from subscriber.apply.session import arrow_frame
 from subscriber.apply.sqlite import SqliteWriter, quote, sqlite_value
 
 if TYPE_CHECKING:
@@ -104,7 +105,7 @@ def _through_spark(
     names = [f"c{i}" for i in range(n)]
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in range(n)]
     table = pa.table({name: pa.array(list(col)) for name, col in zip(names, columns, strict=True)})
-    back = spark.createDataFrame(table).toArrow()
+    back = arrow_frame(spark, table).toArrow()
     return list(zip(*(back.column(i).to_pylist() for i in range(n)), strict=True))
 
 

@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._wire import decode_column, gather
+from subscriber.apply.session import arrow_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -419,7 +420,7 @@ def net_effect_df(df: DataFrame, key_columns: Sequence[str]) -> DataFrame:
 
 def net_effect(spark: SparkSession, events: pa.Table, key_columns: Sequence[str]) -> pa.Table:
     """Keep, per primary key, only the last event in (_seq, _pos) order (Spark job)."""
-    out: pa.Table = net_effect_df(spark.createDataFrame(events), key_columns).toArrow()
+    out: pa.Table = net_effect_df(arrow_frame(spark, events), key_columns).toArrow()
     return out
 
 
@@ -448,7 +449,7 @@ def net_effect_positions(spark: SparkSession, segments: Sequence[pa.Table]) -> l
             arrays.append(col)
         parts.append(pa.Table.from_arrays(arrays, names=names))
     events = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
-    df = spark.createDataFrame(events)
+    df = arrow_frame(spark, events)
     last: pa.Table = df.groupBy("_s", *key_names).agg(F.max("_pos").alias("_pos")).toArrow()
     seg = last.column("_s").to_numpy()
     pos = last.column("_pos").to_numpy()

@@ -42,6 +42,7 @@ from psycopg.conninfo import conninfo_to_dict
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._pgcopy import pg_column, pg_type
 from subscriber.apply.errors import TransientError, WriterError
+from subscriber.apply.session import arrow_frame
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -177,7 +178,7 @@ class JdbcStager:
             conn.execute(
                 sql.SQL("CREATE UNLOGGED TABLE {} ({})").format(sql.Identifier(name), cols)
             )
-        df = self.spark.createDataFrame(text_table(table, schema, indexes))
+        df = arrow_frame(self.spark, text_table(table, schema, indexes))
         parallel = max(1, int(self.spark.sparkContext.defaultParallelism))
         if df.rdd.getNumPartitions() < parallel and table.num_rows >= 2 * parallel:
             df = df.repartition(parallel)

@@ -99,6 +99,7 @@ from subscriber.apply.errors import (
     TransientError,
 )
 from subscriber.apply.options import ApplyOptions
+from subscriber.apply.session import arrow_frame
 from subscriber.apply.writer import (
     CallStep,
     HistoryStep,
@@ -705,7 +706,7 @@ class Applier:
         shaped = self._shape(source, first_seq)
         if opts is not None and shaped is not None:
             target, exprs = shaped
-            df = self._spark.createDataFrame(events)
+            df = arrow_frame(self._spark, events)
             if opts.history:
                 versions = history_versions(df, source, key_cols, commit_times, first_seq)
                 return HistoryStep(target, versions)

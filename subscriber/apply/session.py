@@ -10,9 +10,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["SparkSettings", "create_spark_session", "ensure_spark_alive", "spark_status"]
+__all__ = [
+    "SparkSettings",
+    "arrow_frame",
+    "create_spark_session",
+    "ensure_spark_alive",
+    "spark_status",
+]
 
 _LOG_LEVELS = ("ALL", "DEBUG", "ERROR", "FATAL", "INFO", "OFF", "TRACE", "WARN")
 
@@ -170,3 +177,16 @@ def ensure_spark_alive(spark: SparkSession, settings: SparkSettings) -> SparkSes
     with contextlib.suppress(Exception):
         spark.stop()
     return create_spark_session(settings)
+
+
+def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
+    """``spark.createDataFrame(table)``, with the table's chunks combined first.
+
+    PySpark 4.0 loses rows of a table made of several Arrow chunks when some are
+    empty: chunks of 0, 0 and 1 rows gave an empty DataFrame (found by the property
+    test of ``tests/integration/test_apply_small.py``; ``pa.concat_tables`` of
+    segments makes such tables).  One chunk avoids it, at the cost of one copy.
+    """
+    if any(col.num_chunks > 1 for col in table.columns):
+        table = table.combine_chunks()
+    return spark.createDataFrame(table)
