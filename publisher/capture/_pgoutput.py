@@ -185,23 +185,34 @@ class _Reader:
         return s
 
     def tuple(self) -> tuple[Datum, ...]:
-        n = self.i16()
-        out: list[Datum] = []
+        # The hot path of capture (every row of every change): locals, no method calls.
         buf = self.buf
+        end = len(buf)
+        (n,) = _I16.unpack_from(buf, self.pos)
+        pos = self.pos + 2
+        out: list[Datum] = []
+        append = out.append
         for _ in range(n):
-            kind = self.byte()
-            if kind == "t":
-                size = self.i32()
-                out.append(buf[self.pos : self.pos + size].decode("utf-8"))
-                self.pos += size
-            elif kind == "n":
-                out.append(None)
-            elif kind == "u":
-                out.append(UNCHANGED)
-            elif kind == "b":
+            if pos >= end:
+                raise ProtocolError("message ends early")
+            kind = buf[pos]
+            pos += 1
+            if kind == 0x74:  # 't': Int32 length, text
+                (size,) = _I32.unpack_from(buf, pos)
+                pos += 4
+                if size < 0 or pos + size > end:
+                    raise ProtocolError("message ends early")
+                append(buf[pos : pos + size].decode("utf-8"))
+                pos += size
+            elif kind == 0x6E:  # 'n'
+                append(None)
+            elif kind == 0x75:  # 'u'
+                append(UNCHANGED)
+            elif kind == 0x62:  # 'b'
                 raise ProtocolError("binary tuple data: start replication without binary=true")
             else:
-                raise ProtocolError(f"unknown tuple data kind {kind!r}")
+                raise ProtocolError(f"unknown tuple data kind {chr(kind)!r}")
+        self.pos = pos
         return tuple(out)
 
 

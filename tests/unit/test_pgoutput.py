@@ -91,6 +91,12 @@ def test_ignored_and_malformed_messages() -> None:
         parse_pgoutput(b"")
     with pytest.raises(ProtocolError, match="binary"):
         parse_pgoutput(b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">h", 1) + b"b")
+    # a text value said to be longer than what is left: refused, not cut short
+    short = b"I" + struct.pack(">I", 1) + b"N" + struct.pack(">h", 1) + b"t"
+    with pytest.raises(ProtocolError, match="ends early"):
+        parse_pgoutput(short + struct.pack(">i", 10) + b"abc")
+    with pytest.raises(ProtocolError, match="ends early"):  # fewer cells than announced
+        parse_pgoutput(short.replace(struct.pack(">h", 1), struct.pack(">h", 2)) + b"\0\0\0\1x")
 
 
 @pytest.mark.parametrize(
