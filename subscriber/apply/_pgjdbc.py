@@ -49,7 +49,6 @@ if TYPE_CHECKING:
 
 __all__ = ["JdbcStager", "jdbc_target"]
 
-T = pb.ColumnType
 PREFIX = "txrepl_jdbc_"
 _DRIVER = "org.postgresql.Driver"
 _DRIVER_HINT = (
@@ -87,8 +86,6 @@ def text_table(table: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> p
     arrays = []
     for i in indexes:
         col = pg_column(table, i, schema.columns[i])
-        if schema.columns[i].type == T.COLUMN_TYPE_DATE and pa.types.is_integer(col.type):
-            col = col.cast(pa.int32()).cast(pa.date32())
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             col = pc.cast(col, pa.string())
         arrays.append(col)
