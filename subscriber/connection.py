@@ -47,7 +47,7 @@ import structlog
 from common.errors import describe_rpc_error
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from subscriber.apply import Applier, ApplyError, Planned
+from subscriber.apply import AnyEntry, Applier, ApplyError, Planned, RawEntry
 from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
 from subscriber.schedule import Clock, SystemClock
 
@@ -67,8 +67,9 @@ STATES = (
 )
 
 
-def _parse(payloads: list[bytes]) -> list[pb.Entry]:
-    return [pb.Entry.FromString(p) for p in payloads]
+def _parse(payloads: list[bytes]) -> list[AnyEntry]:
+    # Parsed lazily: the apply walks the bytes (subscriber.apply.entry).
+    return [RawEntry(p) for p in payloads]
 
 
 class PermanentFeedError(Exception):
@@ -572,7 +573,7 @@ class SubscriptionRunner:
         re-checks the level in its own transaction.  If *n* fails, *n+1*'s plan is
         dropped with the session (the next Hello resumes from the applied level).
         """
-        ahead: tuple[int, int, asyncio.Future[tuple[list[pb.Entry], Planned]]] | None = None
+        ahead: tuple[int, int, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None = None
         try:
             while True:
                 planned: Planned | None = None
@@ -600,8 +601,7 @@ class SubscriptionRunner:
                             self._parse_and_plan, first_seq, payloads, None
                         )
                     else:
-                        # Parsed in the apply's thread: the event loop keeps reading.
-                        entries = await asyncio.to_thread(_parse, payloads)
+                        entries = _parse(payloads)
                 writing = asyncio.ensure_future(
                     asyncio.to_thread(
                         self.applier.apply,
@@ -665,7 +665,7 @@ class SubscriptionRunner:
 
     def _parse_and_plan(
         self, first_seq: int, payloads: list[bytes], after: Planned | None
-    ) -> tuple[list[pb.Entry], Planned]:
+    ) -> tuple[list[AnyEntry], Planned]:
         entries = _parse(payloads)
         return entries, self.applier.plan(first_seq, entries, after=after)
 

@@ -31,7 +31,6 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from common import metrics
-from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
     AuthInterceptor,
@@ -48,6 +47,7 @@ from common.serve import (
 )
 from common.systemd import Notifier
 from subscriber.apply import (
+    AnyEntry,
     Applier,
     ApplyResult,
     Planned,
@@ -121,7 +121,7 @@ class MeteredApplier(Applier):
     def apply(
         self,
         first_seq: int,
-        entries: Sequence[pb.Entry],
+        entries: Sequence[AnyEntry],
         *,
         incarnation: str,
         planned: Planned | None = None,

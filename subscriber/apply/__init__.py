@@ -9,6 +9,7 @@ Public face (see ``docs/apply.md``)::
 """
 
 from subscriber.apply.engine import Applier, ApplyResult, Planned
+from subscriber.apply.entry import AnyEntry, RawEntry
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -24,6 +25,7 @@ from subscriber.apply.sqlite import SqliteWriter
 from subscriber.apply.writer import StoredError, SubscriptionState, Writer
 
 __all__ = [
+    "AnyEntry",
     "Applier",
     "ApplyError",
     "ApplyOptions",
@@ -32,6 +34,7 @@ __all__ = [
     "Planned",
     "PoisonEntryError",
     "PostgresWriter",
+    "RawEntry",
     "SchemaError",
     "SparkSettings",
     "SqliteWriter",

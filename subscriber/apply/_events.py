@@ -201,7 +201,6 @@ _FIELD: dict[int, str] = {
 # Local times Arrow formats exactly as datetime.isoformat (four-digit years).
 _LOW_US = -30_610_224_000_000_000  # 1000-01-01T00:00
 _HIGH_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999
-_ISO = "%Y-%m-%dT%H:%M:%S"
 
 
 def _offset_text(seconds: int) -> str:
@@ -219,6 +218,26 @@ def _timestamptz_column(cells: list[pb.Value]) -> pa.Array | None:
     return tz_text(utc, off)
 
 
+def _iso(ts: pa.Array) -> pa.Array:
+    """Timestamps (no NULLs, four-digit years) as ``YYYY-MM-DDTHH:MM:SS[.ffffff]``.
+
+    Arrow's cast to string writes a space where ISO has its ``T``, in the same
+    place of every value; the ``T`` is put there in the bytes.  A quarter of the
+    time of ``pc.strftime`` here (12 vs 54 ms for 32,000 values).
+    """
+    text = ts.cast(pa.string())
+    _, offsets, data = text.buffers()
+    assert offsets is not None
+    assert data is not None
+    starts = np.frombuffer(offsets, np.int32)[text.offset : text.offset + len(text)]
+    raw = np.frombuffer(data, np.uint8).copy()
+    raw[starts + 10] = ord("T")
+    out: pa.Array = pa.Array.from_buffers(
+        pa.string(), len(text), [None, offsets, pa.py_buffer(raw)], offset=text.offset
+    )
+    return out
+
+
 def tz_text(utc: np.ndarray, off: np.ndarray) -> pa.Array | None:
     """TIMESTAMPTZ values as ISO text with their offset, formatted by Arrow.
 
@@ -231,10 +250,10 @@ def tz_text(utc: np.ndarray, off: np.ndarray) -> pa.Array | None:
         return None
     local = utc + off * 1_000_000
     ts = pa.array(local, pa.timestamp("us"))
-    text = pc.strftime(ts, _ISO)  # seconds with six decimals
+    text = _iso(ts)  # seconds with six decimals
     whole = local % 1_000_000 == 0
     if whole.any():  # isoformat drops ".000000"
-        secs = pc.strftime(ts.cast(pa.timestamp("s"), safe=False), _ISO)
+        secs = _iso(ts.cast(pa.timestamp("s"), safe=False))
         text = pc.if_else(pa.array(whole), secs, text)
     uniq, inverse = np.unique(off, return_inverse=True)
     suffix = pa.array([_offset_text(int(o)) for o in uniq], pa.string()).take(

@@ -27,6 +27,7 @@ import pyarrow as pa
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.entry import AnyEntry
 
 __all__ = ["SEntry", "SRow", "decode_column", "gather", "shadow"]
 
@@ -70,7 +71,7 @@ def _shadow_classes() -> tuple[Any, Any]:
 SEntry, SRow = _shadow_classes()  # SRow: a RowChange whose values are bytes
 
 
-def shadow(entry: pb.Entry) -> Any:
+def shadow(entry: AnyEntry) -> Any:
     """The entry as an :data:`SEntry` (row values as serialized ``Value`` bytes)."""
     return SEntry.FromString(entry.SerializeToString())
 

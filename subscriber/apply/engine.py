@@ -91,6 +91,7 @@ from subscriber.apply._shape import history_versions, shaped_rows, target_schema
 from subscriber.apply._small import net_effect_positions_local, supported
 from subscriber.apply._walk import Unrecognised, Walked, walk
 from subscriber.apply._wire import shadow
+from subscriber.apply.entry import AnyEntry
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -246,7 +247,7 @@ class Applier:
         return self._state
 
     def plan(
-        self, first_seq: int, entries: Sequence[pb.Entry], *, after: Planned | None = None
+        self, first_seq: int, entries: Sequence[AnyEntry], *, after: Planned | None = None
     ) -> Planned:
         """Plan a batch without writing it: walk, decoding and net effect (Spark).
 
@@ -277,7 +278,7 @@ class Applier:
     def apply(
         self,
         first_seq: int,
-        entries: Sequence[pb.Entry],
+        entries: Sequence[AnyEntry],
         *,
         incarnation: str,
         planned: Planned | None = None,
@@ -332,7 +333,7 @@ class Applier:
     def _apply_or_narrow(
         self,
         first_seq: int,
-        entries: Sequence[pb.Entry],
+        entries: Sequence[AnyEntry],
         incarnation: str,
         failure: ApplyError | None,
         planned: Planned | None = None,
@@ -373,7 +374,7 @@ class Applier:
     def _apply_retrying(
         self,
         first_seq: int,
-        entries: Sequence[pb.Entry],
+        entries: Sequence[AnyEntry],
         incarnation: str,
         planned: Planned | None = None,
     ) -> tuple[int, int]:
@@ -397,7 +398,7 @@ class Applier:
         self._state = SubscriptionState(last_seq, incarnation, schemas)
         return rows, written
 
-    def _poison(self, seq: int, entry: pb.Entry, incarnation: str, failure: ApplyError) -> None:
+    def _poison(self, seq: int, entry: AnyEntry, incarnation: str, failure: ApplyError) -> None:
         """Store the failing entry; raise PoisonEntryError unless the policy is skip."""
         skip = self.options.error_policy == "skip"
         error = str(failure)
@@ -434,7 +435,7 @@ class Applier:
             )
 
     def _plan(
-        self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
+        self, first_seq: int, entries: Sequence[AnyEntry], schemas: dict[str, pb.TableSchema]
     ) -> tuple[list[Step], int]:
         """Split the batch into steps; ``schemas`` is updated as schema ops pass.
 
@@ -455,7 +456,7 @@ class Applier:
     def _plan_walked(
         self,
         first_seq: int,
-        entries: Sequence[pb.Entry],
+        entries: Sequence[AnyEntry],
         schemas: dict[str, pb.TableSchema],
         walked: Walked,
     ) -> tuple[list[Step], int]:
@@ -488,7 +489,7 @@ class Applier:
         return plan.finish(), int(walked.rows.size)
 
     def _plan_python(
-        self, first_seq: int, entries: Sequence[pb.Entry], schemas: dict[str, pb.TableSchema]
+        self, first_seq: int, entries: Sequence[AnyEntry], schemas: dict[str, pb.TableSchema]
     ) -> tuple[list[Step], int]:
         """The batch's steps, walking its ops in Python (shadow entries, ``_wire.py``)."""
         plan = _Plan(self, first_seq, entries)
@@ -723,7 +724,7 @@ class Applier:
 class _Plan:
     """The steps of one batch as its ops pass (both walks of :meth:`Applier._plan`)."""
 
-    def __init__(self, applier: Applier, first_seq: int, entries: Sequence[pb.Entry]) -> None:
+    def __init__(self, applier: Applier, first_seq: int, entries: Sequence[AnyEntry]) -> None:
         self.applier = applier
         self.first_seq = first_seq
         self.entries = entries

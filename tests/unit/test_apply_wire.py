@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import _events
 from subscriber.apply._wire import SEntry, decode_column, shadow
@@ -123,3 +127,34 @@ def test_shadow_entry_keeps_the_wire_layout() -> None:
     assert list(s.ops[0].row.key) == [pb.Value(int=1).SerializeToString()]
     assert list(s.ops[0].row.row) == [pb.Value(text="é").SerializeToString()]
     assert pb.TableSchema.FromString(s.ops[1].schema) == schema
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.one_of(
+                st.integers(
+                    -30_610_224_000_000_000 + 2 * 86_400 * 10**6,
+                    253_402_300_799_999_999 - 2 * 86_400 * 10**6,
+                ),
+                st.integers(-(10**9), 10**9).map(lambda s: s * 1_000_000),  # whole seconds
+            ),
+            st.integers(-86_399, 86_399),
+        ),
+        min_size=1,
+        max_size=50,
+    )
+)
+@example([(0, 0), (1, 3600), (-1, -19_800), (253_402_300_799_999_999 - 2 * 86_400 * 10**6, 0)])
+def test_timestamptz_text_is_isoformat(values_: list[tuple[int, int]]) -> None:
+    """TIMESTAMPTZ columns become exactly ``datetime.isoformat()`` of each value."""
+    cells = [pb.Value(timestamptz=pb.TimestampTz(utc_us=u, offset_s=o)) for u, o in values_]
+    text = _events.tz_text(np.array([u for u, _ in values_]), np.array([o for _, o in values_]))
+    assert text is not None
+    assert text.to_pylist() == [values.decode(c).isoformat() for c in cells]
+    sliced = _events.tz_text(
+        np.array([u for u, _ in values_] * 2)[1:], np.array([o for _, o in values_] * 2)[1:]
+    )
+    assert sliced is not None
+    assert sliced.to_pylist() == [values.decode(c).isoformat() for c in (cells * 2)[1:]]
