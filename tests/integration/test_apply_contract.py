@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from google.protobuf.message import DecodeError
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import (
@@ -243,7 +244,7 @@ def test_entries_given_as_received_bytes(applier: Applier, backend: Backend) -> 
     assert applier.writer.skip_error("sub", level + 1) == level + 1
 
     level += 1
-    with pytest.raises(Exception, match="[Ee]rror parsing|DecodeError|truncated"):
+    with pytest.raises(DecodeError):
         applier.apply(level + 1, [RawEntry(b"\x1a\xff\xff garbage")], incarnation=INC)
     assert applier.load_state().level == level
     assert backend.rows("items") == [(i, f"u{i}", "2.50") for i in range(1, 40)]
