@@ -3,6 +3,7 @@ per-cell path it replaces (subscriber/apply/_events.py), value for value."""
 
 from __future__ import annotations
 
+import datetime
 import random
 
 import numpy as np
@@ -150,11 +151,17 @@ def test_shadow_entry_keeps_the_wire_layout() -> None:
 def test_timestamptz_text_is_isoformat(values_: list[tuple[int, int]]) -> None:
     """TIMESTAMPTZ columns become exactly ``datetime.isoformat()`` of each value."""
     cells = [pb.Value(timestamptz=pb.TimestampTz(utc_us=u, offset_s=o)) for u, o in values_]
+    iso = [_iso(values.decode(c)) for c in cells]
     text = _events.tz_text(np.array([u for u, _ in values_]), np.array([o for _, o in values_]))
     assert text is not None
-    assert text.to_pylist() == [values.decode(c).isoformat() for c in cells]
+    assert text.to_pylist() == iso
     sliced = _events.tz_text(
         np.array([u for u, _ in values_] * 2)[1:], np.array([o for _, o in values_] * 2)[1:]
     )
     assert sliced is not None
-    assert sliced.to_pylist() == [values.decode(c).isoformat() for c in (cells * 2)[1:]]
+    assert sliced.to_pylist() == (iso * 2)[1:]
+
+
+def _iso(value: object) -> str:
+    assert isinstance(value, datetime.datetime)
+    return value.isoformat()
