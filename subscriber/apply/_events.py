@@ -20,8 +20,10 @@ Net effect of plain tables (:func:`net_effect_positions`): Spark receives only t
 key columns and ``_pos`` of every segment of the batch, in ONE DataFrame (``_s``
 numbers the segment), and returns the position of the last event per
 ``(_s, key)`` (``max(_pos)``: ``_pos`` increases batch-wide in op order, so it
-orders events exactly as ``(_seq, _pos)`` does).  The surviving events are then
-taken from the Arrow event tables by position.  Tables with transforms or history
+orders events exactly as ``(_seq, _pos)`` does), and of the first (``min(_pos)``:
+a key whose first event is a source INSERT was absent when the segment began, see
+``RowsStep.fresh``).  The surviving events are then taken from the Arrow event
+tables by position.  Tables with transforms or history
 send their whole event table (:func:`net_effect_df`).
 """
 
@@ -443,14 +445,17 @@ def net_effect(spark: SparkSession, events: pa.Table, key_columns: Sequence[str]
     return out
 
 
-def net_effect_positions(spark: SparkSession, segments: Sequence[pa.Table]) -> list[np.ndarray]:
-    """Per segment, the sorted ``_pos`` of the last event of each key (ONE Spark job).
+def net_effect_positions(
+    spark: SparkSession, segments: Sequence[pa.Table]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per segment, the sorted ``_pos`` of the last event of each key, and the
+    ``_pos`` of the same key's first event (ONE Spark job).
 
     ``segments`` are :meth:`EventBuffer.keys_table` tables.  They go to Spark as
     one DataFrame: ``_s`` (the segment's index), ``_pos``, and the key columns,
     named by key position and Arrow type so that segments whose keys have the same
     shape share columns (the others are NULL there); Spark groups by ``_s`` and
-    the key columns and keeps ``max(_pos)``.
+    the key columns and keeps ``max(_pos)`` and ``min(_pos)``.
     """
     from pyspark.sql import functions as F
 
@@ -469,10 +474,17 @@ def net_effect_positions(spark: SparkSession, segments: Sequence[pa.Table]) -> l
         parts.append(pa.Table.from_arrays(arrays, names=names))
     events = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
     df = arrow_frame(spark, events)
-    last: pa.Table = df.groupBy("_s", *key_names).agg(F.max("_pos").alias("_pos")).toArrow()
-    seg = last.column("_s").to_numpy()
-    pos = last.column("_pos").to_numpy()
+    agg = df.groupBy("_s", *key_names).agg(
+        F.max("_pos").alias("_pos"), F.min("_pos").alias("_first")
+    )
+    got: pa.Table = agg.toArrow()
+    seg = got.column("_s").to_numpy()
+    pos = got.column("_pos").to_numpy()
+    first = got.column("_first").to_numpy()
     order = np.lexsort((pos, seg))
-    seg, pos = seg[order], pos[order]
+    seg, pos, first = seg[order], pos[order], first[order]
     bounds = np.searchsorted(seg, np.arange(len(segments) + 1))
-    return [pos[bounds[s] : bounds[s + 1]] for s in range(len(segments))]
+    return [
+        (pos[bounds[s] : bounds[s + 1]], first[bounds[s] : bounds[s + 1]])
+        for s in range(len(segments))
+    ]

@@ -78,20 +78,25 @@ def supported(segments: Sequence[pa.Table]) -> bool:
     return all(bool(_groupable(t)) for keys in segments for t in keys.schema.types[1:])
 
 
-def net_effect_positions_local(segments: Sequence[pa.Table]) -> list[np.ndarray]:
-    """Per segment, the sorted ``_pos`` of the last event of each key.
+def net_effect_positions_local(
+    segments: Sequence[pa.Table],
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per segment, the sorted ``_pos`` of the last event of each key, and the
+    ``_pos`` of the same key's first event.
 
     ``segments`` are ``EventBuffer.keys_table`` tables (``_pos``, then the key
     columns); the result is what ``net_effect_positions`` returns from Spark.
     """
-    out: list[np.ndarray] = []
+    out: list[tuple[np.ndarray, np.ndarray]] = []
     for keys in segments:
         flat = _flat(keys)
         names = flat.column_names[1:]
         if flat.num_rows == 0:
-            out.append(np.zeros(0, np.int64))
+            out.append((np.zeros(0, np.int64), np.zeros(0, np.int64)))
             continue
-        last = flat.group_by(names, use_threads=False).aggregate([("_pos", "max")])
-        pos = last.column("_pos_max").to_numpy()
-        out.append(np.sort(pos.astype(np.int64, copy=False)))
+        got = flat.group_by(names, use_threads=False).aggregate([("_pos", "max"), ("_pos", "min")])
+        pos = got.column("_pos_max").to_numpy().astype(np.int64, copy=False)
+        first = got.column("_pos_min").to_numpy().astype(np.int64, copy=False)
+        order = np.argsort(pos)
+        out.append((pos[order], first[order]))
     return out

@@ -142,6 +142,11 @@ def _strings(
     n = valid.size
     lens = np.zeros(n, np.int64)
     lens[valid] = lengths
+    at = np.zeros(n, np.int64)
+    at[valid] = starts
+    taken = _taken(data, at, lens, atype)
+    if taken is not None:
+        return pa.Array.from_buffers(atype, n, [_validity(valid), *taken.buffers()[1:]])
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lens, out=offsets[1:])
     if offsets[-1] >= 2**31:
@@ -156,6 +161,37 @@ def _strings(
     )
 
 
+def _taken(
+    data: np.ndarray, starts: np.ndarray, lengths: np.ndarray, atype: pa.DataType
+) -> pa.Array | None:
+    """The spans copied by Arrow's ``take`` when they follow each other in ``data``
+    (the usual case: cells in op order); None when they do not, or ``data`` is too big.
+
+    Spans in increasing order, each ending before the next starts, are the even
+    elements of ONE array over ``data`` whose offsets alternate span starts and
+    ends (the odd elements are the bytes between); ``take`` copies the even ones.
+    An empty span may point anywhere: it is moved to where the span before ended.
+    Several times faster than the byte-index gather below (which indexes every
+    byte through numpy).
+    """
+    n = starts.size
+    if n == 0 or data.size >= 2**31:
+        return None
+    bounds = np.empty(2 * n, np.int64)
+    empty = lengths == 0
+    bounds[0::2] = np.where(empty, 0, starts)
+    bounds[1::2] = np.where(empty, 0, starts + lengths)
+    filled = np.maximum.accumulate(bounds)
+    if not np.array_equal(filled[0::2][~empty], bounds[0::2][~empty]):
+        return None  # some span starts before the one before it ended
+    if filled[-1] > data.size:
+        return None
+    over = pa.Array.from_buffers(
+        atype, 2 * n - 1, [None, pa.py_buffer(filled.astype(np.int32)), pa.py_buffer(data)]
+    )
+    return over.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
+
+
 def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
     """ONE Arrow binary array of the byte spans ``data[starts[i] : starts[i] + lengths[i]]``.
 
@@ -163,6 +199,9 @@ def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Arra
     callers here).  The spans' total must stay below 2 GiB (32-bit offsets).
     """
     n = starts.size
+    taken = _taken(data, starts, lengths, pa.binary())
+    if taken is not None:
+        return taken
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])

@@ -10,7 +10,11 @@ A batch's transaction::
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD COLUMN; upsert txrepl_schemas
       rows      COPY stage FROM STDIN (FORMAT csv)
-                DELETE FROM t USING stage ...; INSERT INTO t SELECT ... ON CONFLICT DO UPDATE
+                DELETE FROM t USING stage ...
+                SAVEPOINT; COPY t FROM STDIN; RELEASE   -- the fresh rows (RowsStep.fresh);
+                                                         -- on a unique violation: ROLLBACK TO
+                                                         -- it, and they join the upserts
+                COPY stage FROM STDIN; INSERT INTO t SELECT ... ON CONFLICT DO UPDATE
       truncate  TRUNCATE t
       sql       the statement
       call      CALL name(args)
@@ -49,6 +53,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import structlog
 from psycopg import sql
 
 from common import values
@@ -69,6 +74,8 @@ from subscriber.apply.writer import (
     TruncateStep,
     check_level,
 )
+
+log = structlog.get_logger(__name__)
 
 __all__ = ["PostgresWriter"]
 
@@ -139,6 +146,7 @@ class PostgresWriter:
         self._stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._filled: set[str] = set()
+        self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         with self._lock:
             self._run("", 0, self._init_metadata)
@@ -480,13 +488,41 @@ class PostgresWriter:
             written += step.deletes.num_rows
         if step.upserts.num_rows:
             every = list(range(len(names)))
-            stage = ju or self._copied(cur, schema, every, step.upserts)
+            upserts = step.upserts
+            if ju is None and step.fresh and self._inserted(cur, schema, upserts[: step.fresh]):
+                upserts = upserts[step.fresh :]
+            if upserts.num_rows:
+                stage = ju or self._copied(cur, schema, every, upserts)
+                cur.execute(_merge_sql(schema, stage))
             written += step.upserts.num_rows
-            cur.execute(_merge_sql(schema, stage))
         for jdbc_stage in (jd, ju):
             if jdbc_stage is not None:  # emptied with the commit that merged it
                 cur.execute(sql.SQL("TRUNCATE {}").format(Q(jdbc_stage)))
         return written
+
+    def _inserted(self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, rows: pa.Table) -> bool:
+        """COPY ``rows`` (fresh, ``RowsStep.fresh``) straight into their table.
+
+        In a savepoint: when a key is present after all, nothing of it stays and
+        the result is False (the caller upserts the rows instead).  A plain COPY
+        costs PostgreSQL well under half of staging plus ``INSERT ... ON
+        CONFLICT`` (79 vs 187 ms for 32,000 W1 orders here).
+        """
+        names = sql.SQL(", ").join(Q(c.name) for c in schema.columns)
+        copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(Q(schema.table), names)
+        try:
+            with cur.connection.transaction(), cur.copy(copy) as cp:
+                cp.write(csv_bytes(rows, schema, list(range(len(schema.columns)))))
+        except psycopg.errors.UniqueViolation as exc:
+            if not self._told_present:
+                self._told_present = True
+                log.warning(
+                    "rows the source inserted are already on the target; upserting them",
+                    table=schema.table,
+                    error=str(exc).splitlines()[0],
+                )
+            return False
+        return True
 
     def _history(self, cur: psycopg.Cursor[Any], step: HistoryStep) -> int:
         schema, versions = step.schema, step.versions

@@ -127,6 +127,12 @@ class RowsStep:
     schema: pb.TableSchema
     deletes: pa.Table
     upserts: pa.Table
+    # The first ``fresh`` upserts are of keys whose first event in the segment was
+    # a source INSERT: absent from a target that mirrors the source at the
+    # segment's start.  A writer may insert them plainly (cheaper than an upsert),
+    # but must still upsert them if it finds one present (an INSERT OR REPLACE on
+    # a SQLite source, an application's Publish, a target written to by hand).
+    fresh: int = 0
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,61 @@ def test_entries_given_as_received_bytes(applier: Applier, backend: Backend) -> 
     assert backend.rows("items") == [(i, f"u{i}", "2.50") for i in range(1, 40)]
 
 
+def test_rows_the_source_inserted_go_first_and_may_already_exist(
+    applier: Applier, backend: Backend
+) -> None:
+    """Upserts of keys whose first event in the segment is an INSERT are marked
+    fresh (PostgreSQL COPYs them straight into the table); a fresh row whose key
+    is on the target after all (INSERT OR REPLACE on a SQLite source, a Publish)
+    still overwrites it, and nothing else of the batch is lost."""
+    applier.apply(
+        1,
+        [entry(schema_op(ITEMS), *[ins("items", i, f"a{i}", None) for i in range(1, 6)])],
+        incarnation=INC,
+    )
+    inserted: list[bool] = []
+    if isinstance(applier.writer, PostgresWriter):
+        writer = applier.writer
+        real = writer._inserted
+
+        def spy(*args: Any) -> bool:
+            inserted.append(real(*args))
+            return inserted[-1]
+
+        writer._inserted = spy  # type: ignore[method-assign]
+    batch = [
+        entry(ins("items", 6, "new", None), upd("items", (1,), 1, "changed", None)),
+        entry(ins("items", 7, "x", None), upd("items", (7,), 7, "x2", None)),
+        entry(ins("items", 8, "gone", None), dele("items", 8), dele("items", 2)),
+        entry(upd("items", (3,), 9, "moved", None)),
+        entry(ins("items", 4, "replaced", decimal.Decimal("4.00"))),  # key 4 is there
+    ]
+    planned = applier.plan(2, batch)
+    [step] = planned.steps or []
+    assert step.fresh == 3
+    assert sorted(r["c0"] for r in step.upserts.slice(0, 3).to_pylist()) == [4, 6, 7]
+    assert sorted(r["c0"] for r in step.upserts.slice(3).to_pylist()) == [1, 9]
+    applier.apply(2, batch, incarnation=INC)
+    assert backend.rows("items") == [
+        (1, "changed", None),
+        (4, "replaced", "4.00"),
+        (5, "a5", None),
+        (6, "new", None),
+        (7, "x2", None),
+        (9, "moved", None),
+    ]
+    # Without a present key the fresh rows are inserted as they are.
+    applier.apply(
+        7,
+        [entry(ins("items", 10, "ten", None), upd("items", (5,), 5, "five", None))],
+        incarnation=INC,
+    )
+    assert backend.rows("items")[-2:] == [(9, "moved", None), (10, "ten", None)]
+    assert (5, "five", None) in backend.rows("items")
+    if isinstance(applier.writer, PostgresWriter):
+        assert inserted == [False, True]
+
+
 def test_state_survives_reopen(spark: Any, applier: Applier, backend: Backend) -> None:
     """A new writer and applier on the same target see the level, incarnation and schemas."""
     applier.apply(1, [entry(schema_op(ITEMS)), entry(ins("items", 1, "a", None))], incarnation=INC)

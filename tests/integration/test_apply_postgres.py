@@ -20,7 +20,7 @@ from subscriber.apply import (
     TransientError,
     WriterError,
 )
-from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op
+from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op, upd
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
@@ -177,7 +177,8 @@ def test_staging_tables_are_kept_per_shape_and_a_rollback_takes_them_away(
     applier.apply(2, [bad], incarnation=INC)  # the operator fixed the target: it applies
     level = 2
     for i in range(10):
-        ops = [ins("items", i, f"n{i}", decimal.Decimal(i)), dele("items", 500 - i)]
+        # updates: upserted through a stage (fresh inserts would be COPYed directly)
+        ops = [upd("items", (i,), i, f"n{i}", decimal.Decimal(i)), dele("items", 500 - i)]
         level = applier.apply(level + 1, [entry(*ops)], incarnation=INC).level
     assert fetch(pg_db, "SELECT count(*) FROM items") == [(10,)]
     stages = fetch(

@@ -60,7 +60,11 @@ def test_local_net_effect_is_sparks(spark, segs: list[pa.Table]) -> None:
     assert supported(segs)
     local = net_effect_positions_local(segs)
     remote = net_effect_positions(spark, [s for s in segs])
-    assert [p.tolist() for p in local] == [p.tolist() for p in remote]
+    assert [(p.tolist(), f.tolist()) for p, f in local] == [
+        (p.tolist(), f.tolist()) for p, f in remote
+    ]
+    for last, first in local:
+        assert (first <= last).all()
 
 
 def test_tables_of_empty_and_full_chunks_reach_spark_whole(spark) -> None:

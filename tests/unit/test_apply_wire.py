@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import _events
-from subscriber.apply._wire import SEntry, decode_column, shadow
+from subscriber.apply import _events, _wire
+from subscriber.apply._wire import SEntry, decode_column, gather, shadow
 
 T = pb.ColumnType
 
@@ -165,3 +165,38 @@ def test_timestamptz_text_is_isoformat(values_: list[tuple[int, int]]) -> None:
 def _iso(value: object) -> str:
     assert isinstance(value, datetime.datetime)
     return value.isoformat()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    data=st.binary(min_size=0, max_size=300),
+    cuts=st.lists(st.tuples(st.integers(0, 300), st.integers(0, 20), st.booleans()), max_size=40),
+    shuffle=st.booleans(),
+)
+def test_gathered_spans_are_the_slices(
+    data: bytes, cuts: list[tuple[int, int, bool]], shuffle: bool
+) -> None:
+    """gather() gives each span's bytes: spans in order (Arrow's take), empty spans
+    pointing anywhere, and spans out of order or overlapping (the byte-index path)."""
+    spans: list[tuple[int, int]] = []
+    at = 0
+    for gap, length, empty in cuts:
+        if empty:
+            spans.append((gap % (len(data) + 1), 0))  # an empty span: anywhere
+            continue
+        start = min(at + gap % 7, len(data))
+        length = min(length, len(data) - start)
+        spans.append((start, length))
+        at = start + length
+    if shuffle:
+        spans.reverse()
+    arr = np.frombuffer(data + b"\0", np.uint8)[: len(data)]
+    starts = np.array([s for s, _ in spans], np.int64)
+    lengths = np.array([n for _, n in spans], np.int64)
+    got = gather(arr, starts, lengths)
+    assert got.to_pylist() == [data[s : s + n] for s, n in spans]
+    ordered = [s for s in spans if s[1]] == sorted(s for s in spans if s[1])
+    if spans and not shuffle:
+        assert _wire._taken(arr, starts, lengths, pa.binary()) is not None  # the fast path
+    if not ordered:
+        assert _wire._taken(arr, starts, lengths, pa.binary()) is None
