@@ -236,6 +236,7 @@ class Applier:
                 "c0": pa.array(np.arange(n) % (n // 2), pa.int64()),
             }
         )
+
         def jobs() -> None:
             for _ in range(self.WARM_UP_JOBS):
                 net_effect_positions(self._spark, [keys])
