@@ -31,6 +31,7 @@ from subscriber.apply import (
     Writer,
     WriterError,
 )
+from subscriber.apply.writer import RowsStep
 from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op, upd
 
 pytestmark = pytest.mark.spark
@@ -271,7 +272,7 @@ def test_rows_the_source_inserted_go_first_and_may_already_exist(
             inserted.append(real(*args))
             return inserted[-1]
 
-        writer._inserted = spy  # type: ignore[method-assign]
+        writer._inserted = spy  # type: ignore[assignment]
     batch = [
         entry(ins("items", 6, "new", None), upd("items", (1,), 1, "changed", None)),
         entry(ins("items", 7, "x", None), upd("items", (7,), 7, "x2", None)),
@@ -281,6 +282,7 @@ def test_rows_the_source_inserted_go_first_and_may_already_exist(
     ]
     planned = applier.plan(2, batch)
     [step] = planned.steps or []
+    assert isinstance(step, RowsStep)
     assert step.fresh == 3
     assert sorted(r["c0"] for r in step.upserts.slice(0, 3).to_pylist()) == [4, 6, 7]
     assert sorted(r["c0"] for r in step.upserts.slice(3).to_pylist()) == [1, 9]
