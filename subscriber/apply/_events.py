@@ -23,8 +23,8 @@ numbers the segment), and returns the position of the last event per
 orders events exactly as ``(_seq, _pos)`` does), and of the first (``min(_pos)``:
 a key whose first event is a source INSERT was absent when the segment began, see
 ``RowsStep.fresh``).  The surviving events are then taken from the Arrow event
-tables by position.  Tables with transforms or history
-send their whole event table (:func:`net_effect_df`).
+tables by position.  Tables with transforms or history send their whole event table
+(:func:`net_effect_df`).
 """
 
 from __future__ import annotations
