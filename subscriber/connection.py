@@ -67,7 +67,7 @@ STATES = (
 )
 
 
-def _parse(payloads: list[bytes]) -> list[AnyEntry]:
+def _entries(payloads: list[bytes]) -> list[AnyEntry]:
     # Parsed lazily: the apply walks the bytes (subscriber.apply.entry).
     return [RawEntry(p) for p in payloads]
 
@@ -601,7 +601,7 @@ class SubscriptionRunner:
                             self._parse_and_plan, first_seq, payloads, None
                         )
                     else:
-                        entries = _parse(payloads)
+                        entries = _entries(payloads)
                 writing = asyncio.ensure_future(
                     asyncio.to_thread(
                         self.applier.apply,
@@ -666,7 +666,7 @@ class SubscriptionRunner:
     def _parse_and_plan(
         self, first_seq: int, payloads: list[bytes], after: Planned | None
     ) -> tuple[list[AnyEntry], Planned]:
-        entries = _parse(payloads)
+        entries = _entries(payloads)
         return entries, self.applier.plan(first_seq, entries, after=after)
 
     def _reached_in_sync(self, queue: asyncio.Queue[Received | None]) -> None:
