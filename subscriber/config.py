@@ -119,7 +119,7 @@ class SparkConfig:
 class BatchConfig:
     """How entries are grouped into one apply (one target transaction)."""
 
-    max_entries: int = 40_000
+    max_entries: int = 64_000
     max_bytes: int = 64 * 1024 * 1024
     queue_batches: int = 16  # received batches waiting to be applied (back-pressure)
     # In sync, an apply that finds fewer than max_entries waiting waits up to this long

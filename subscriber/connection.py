@@ -643,6 +643,8 @@ class SubscriptionRunner:
                     bytes=size,
                     seconds=round(time.monotonic() - started, 4),
                     plan_seconds=round(result.plan_seconds, 4),
+                    # the apply call itself: the write, and the plan unless made ahead
+                    apply_seconds=round(result.seconds, 4),
                     planned_ahead=result.planned_ahead,
                     head=self.head,
                     # source commit -> applied here, of the batch's newest and oldest entry
