@@ -124,7 +124,7 @@ def _reinit(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2_grpc as rpc
     from subscriber.apply import SparkSettings, create_spark_session
     from subscriber.config import load_config
-    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot
+    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot, shaped_tables
 
     cfg = load_config(args.config)
     sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
@@ -187,6 +187,7 @@ def _reinit(args: argparse.Namespace) -> int:
             metadata=(("x-txrepl-token", token),) if token else None,
             on_progress=progress,
             role=cfg.apply.role or None,
+            shaped=shaped_tables(cfg.apply.tables),
         )
     except SnapshotError as e:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)

@@ -49,6 +49,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from subscriber.apply import AnyEntry, Applier, ApplyError, Planned, RawEntry
 from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
+from subscriber.reinit import SnapshotRefused
 from subscriber.schedule import Clock, SystemClock
 
 __all__ = ["STATES", "SubscriptionRunner"]
@@ -276,6 +277,12 @@ class SubscriptionRunner:
                     continue
                 try:
                     await self._load_snapshot(str(e))
+                except SnapshotRefused as err:
+                    # The configuration, not the moment: waits for an operator.
+                    self.last_error = str(err)
+                    self._set("error", self.last_error)
+                    await self._sleep(3600)
+                    continue
                 except Exception as err:
                     self.last_error = f"snapshot failed: {err}"
                     self._set("disconnected", self.last_error)

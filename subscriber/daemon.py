@@ -231,7 +231,7 @@ class Subscriber:
         metadata = (("x-txrepl-token", sub.token),) if sub.token else None
 
         def load() -> tuple[str, int]:
-            from subscriber.reinit import load_snapshot
+            from subscriber.reinit import load_snapshot, shaped_tables
 
             return load_snapshot(
                 address=sc.address,
@@ -243,6 +243,7 @@ class Subscriber:
                 spark=spark,
                 metadata=metadata,
                 role=cfg.apply.role or None,
+                shaped=shaped_tables(cfg.apply.tables),
             )
 
         return load

@@ -15,8 +15,12 @@ Atomicity argument (SQLite):
    with the snapshot's incarnation.  Readers see the old state or the new one,
    never a half-loaded table; the level and the rows move together.
 
-The subscriber then resumes from S + 1.  Per-table transforms are not applied to
-snapshots yet.
+The subscriber then resumes from S + 1.  Per-table transforms and history mode
+(``[apply.tables.<table>]``) are not applied to snapshots: a snapshot that holds
+such a table is refused before anything is written (:class:`SnapshotRefused`),
+as loading it as published would leave a target that the next applies do not
+expect (another table's name, columns renamed or dropped, rows outside the
+filter, a history table replaced by the current rows).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -45,7 +49,7 @@ if TYPE_CHECKING:
 
     from subscriber.reinit_pg import PgShadowLoader
 
-__all__ = ["SnapshotProgress", "load_snapshot"]
+__all__ = ["SnapshotError", "SnapshotProgress", "SnapshotRefused", "load_snapshot", "shaped_tables"]
 
 log = structlog.get_logger(__name__)
 
@@ -64,6 +68,36 @@ _DECLARED = {
 
 class SnapshotError(Exception):
     """The snapshot could not be loaded; the target is unchanged."""
+
+
+class SnapshotRefused(SnapshotError):
+    """The snapshot holds a table the configuration shapes (a retry cannot help)."""
+
+
+_SHAPING = ("target", "rename", "drop", "computed", "filter", "history")
+
+
+def shaped_tables(tables: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Source table -> the options of ``[apply.tables.<table>]`` a snapshot would not apply.
+
+    ``tables``: ``ApplyConfig.tables`` or ``ApplyOptions.tables`` (read by attribute);
+    tables whose options are all defaults are left out.
+    """
+    shaped = {name: [o for o in _SHAPING if getattr(t, o, None)] for name, t in tables.items()}
+    return {name: opts for name, opts in shaped.items() if opts}
+
+
+def _refuse_shaped(start: pb.SnapshotStart, shaped: Mapping[str, Sequence[str]]) -> None:
+    hit = {t.schema.table: shaped[t.schema.table] for t in start.tables if t.schema.table in shaped}
+    if hit:
+        what = "; ".join(
+            f"[apply.tables.{table}] sets {', '.join(opts)}" for table, opts in sorted(hit.items())
+        )
+        raise SnapshotRefused(
+            f"snapshot refused: {what}, and snapshots load tables as published (transforms "
+            "and history are applied to replicated changes only), so the target would not "
+            "be what the next applies expect; nothing was loaded"
+        )
 
 
 @dataclass
@@ -134,12 +168,15 @@ def load_snapshot(
     on_progress: Callable[[SnapshotProgress], None] | None = None,
     chunk_rows: int = 5000,
     role: str | None = None,
+    shaped: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[str, int]:
     """Load the publication's snapshot into ``target``; returns (incarnation, seq).
 
     ``target`` is a SQLite file (a ``Path``; ``spark`` required) or a PostgreSQL URL
     (``postgresql://...``; ``spark`` unused, ``role`` the replay role to create the
-    tables as).
+    tables as).  ``shaped`` (:func:`shaped_tables`): source tables with transforms
+    or history; a snapshot holding one raises :class:`SnapshotRefused` before
+    anything is written.
     """
     sink: _Target
     if isinstance(target, str):
@@ -177,6 +214,7 @@ def load_snapshot(
             publication=publication,
             progress=progress,
             on_progress=on_progress,
+            shaped=shaped or {},
         )
     except grpc.RpcError as e:
         raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
@@ -219,6 +257,7 @@ def _consume(
     publication: str,
     progress: SnapshotProgress,
     on_progress: Callable[[SnapshotProgress], None] | None,
+    shaped: Mapping[str, Sequence[str]],
 ) -> tuple[str, int]:
     """Load a Snapshot stream (start, rows..., end) into ``target``; (incarnation, seq)."""
     start: pb.SnapshotStart | None = None
@@ -243,6 +282,7 @@ def _consume(
                 raise SnapshotError("the snapshot started twice")
             start = chunk.start
             _check_publisher(start, publisher)
+            _refuse_shaped(start, shaped)
             progress.seq = start.seq
             for t in start.tables:
                 buffers[t.schema.table] = []

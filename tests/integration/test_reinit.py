@@ -144,3 +144,54 @@ def test_new_subscriber_after_purge_starts_from_a_snapshot(tmp_path: Path) -> No
         assert "snapshot" in reasons
     finally:
         pair.stop()
+
+
+def test_snapshot_of_a_shaped_table_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """A table with transforms or history is not loaded as published: `reinit` fails
+    naming the table and its options, the target is byte-for-byte as before, and a
+    new subscription that must start from a snapshot stops in state error."""
+    shaping = {"apply": {"tables": {"ledger": {"filter": "txn >= 0", "rename": {"note": "memo"}}}}}
+    pair = Pair(tmp_path / "a", tables=["counter", "ledger"], subscriber_extra=shaping)
+    pair.workdir.mkdir()
+    src = ledger_source(pair.source_path)
+    try:
+        pair.start_publisher()
+        sub = pair.start_subscriber()
+        bursts(src, 1, 3)
+        pair.wait_caught_up()
+        sub.stop()
+        conn = sqlite3.connect(str(pair.target_path))
+        memos = conn.execute("SELECT count(memo) FROM ledger").fetchone()[0]
+        assert memos > 0  # the rename was applied to replicated changes
+        before = list(conn.iterdump())
+        conn.close()
+        out = subprocess.run(pair.reinit_argv(), capture_output=True, text=True, timeout=180)
+        assert out.returncode == 1, out.stdout + out.stderr
+        assert "[apply.tables.ledger] sets rename, filter" in out.stderr
+        assert "nothing was loaded" in out.stderr
+        conn = sqlite3.connect(str(pair.target_path))
+        assert list(conn.iterdump()) == before
+        conn.close()
+
+        fresh = Pair(
+            tmp_path / "b",
+            tables=["counter", "ledger"],
+            subscriber_extra=shaping,
+            subscription_extra={"initial": "snapshot"},
+        )
+        fresh.workdir.mkdir()
+        fresh.pub = pair.pub
+        try:
+            fresh.start_subscriber()
+            wait_until(lambda: fresh.status().state == "error", 120, "state error")
+            assert "[apply.tables.ledger] sets rename, filter" in fresh.status().last_error
+            conn = sqlite3.connect(str(fresh.target_path))
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            conn.close()
+            assert not {"ledger", "counter"} & tables
+            assert not [t for t in tables if t.startswith("txrepl_shadow__")]
+        finally:
+            if fresh.sub is not None:
+                fresh.sub.stop()
+    finally:
+        pair.stop()
