@@ -2,8 +2,9 @@
 
 Used by :func:`subscriber.reinit.load_snapshot` when the target is
 ``postgresql://...``.  Rows go from the driver straight into PostgreSQL with
-``COPY ... FROM STDIN`` (psycopg 3); Spark is not involved, as transforms are not
-applied to snapshot rows yet.
+``COPY ... FROM STDIN`` (psycopg 3); Spark is not involved, as snapshots apply no
+transforms (a publication with a transformed or history table is refused,
+:class:`subscriber.reinit.SnapshotRefused`).
 
 Atomicity argument
 ==================
@@ -46,11 +47,24 @@ the old level, so the command can simply be run again.  Once COMMIT is sent the
 server commits T whether the client lives or not: the new state at level S,
 complete.  Either way, rerunning is safe (it loads a fresh snapshot at S' >= S).
 
-Limits: the old table is dropped, so views and foreign keys that depend on it
-make the swap fail (with PostgreSQL's message; the target is unchanged), and
-grants, indexes other than the primary key, triggers and comments on it are not
-carried over.  The whole load is one transaction, which holds back VACUUM's
-horizon on the target while it runs.
+Carried over (step 3, :meth:`PgShadowLoader._carried`): what an operator added to
+an old table is read from the catalogs once it is locked, and re-created on the
+new table right after the swap, still in T: constraints other than the primary
+key (unique, check, exclusion, foreign keys), other indexes, triggers with their
+enabled state (``ENABLE REPLICA``/``ALWAYS``, ``DISABLE``), grants, storage
+parameters, and comments on the table and on the columns it still has.  If one
+cannot be re-created (an index on a column the publisher does not send, a check
+the new rows violate), the reinit fails naming it and T rolls back: the target is
+unchanged.  The indexes are built under the swap's exclusive lock, so readers
+wait for them (rejected: building them on the shadow before the lock, which
+needs the definitions rewritten to the shadow's name).
+
+Limits: the old table is dropped, so views and foreign keys of other tables that
+depend on it make the swap fail (with PostgreSQL's message; the target is
+unchanged); columns the publisher does not send, the owner (the new table is the
+reinit role's), column grants, row security policies and publications/rules on it
+are not carried over.  The whole load is one transaction, which holds back
+VACUUM's horizon on the target while it runs.
 """
 
 from __future__ import annotations
@@ -208,6 +222,14 @@ class PgShadowLoader:
                     )
                 homes[table] = home
             self._lock_old(cur, homes)
+            carried = [
+                item
+                for table, home in homes.items()
+                if self._exists(cur, home, table)
+                for item in self._carried(
+                    cur, home, table, {c.name for c in self.schemas[table].columns}
+                )
+            ]
             for table, home in homes.items():
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(Q(home), Q(table)))
                 cur.execute(
@@ -215,6 +237,11 @@ class PgShadowLoader:
                         Q(SHADOW_SCHEMA), Q(table), Q(home)
                     )
                 )
+            for what, statement in carried:
+                try:
+                    cur.execute(statement)
+                except psycopg.Error as exc:
+                    raise self._error(f"cannot carry {what} over to the new table", exc) from exc
             cur.execute(
                 "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
                 " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",
@@ -242,6 +269,128 @@ class PgShadowLoader:
             ) from exc
         except psycopg.Error as exc:
             raise self._error("the swap failed", exc) from exc
+
+    @staticmethod
+    def _carried(
+        cur: psycopg.Cursor[Any], home: str, table: str, columns: set[str]
+    ) -> list[tuple[str, sql.SQL | sql.Composed]]:
+        """What the operator added to the old table, as statements for the new one.
+
+        (what, statement) for: constraints other than the primary key (unique,
+        check, exclusion, foreign keys), indexes that back no constraint, triggers
+        with their enabled state, grants, storage parameters, and comments on the
+        table and on columns the new table has.  Read from the catalogs while the
+        old table is locked; run after the swap, by name (``<home>.<table>`` is
+        the new table by then).
+        """
+        t = sql.SQL("{}.{}").format(Q(home), Q(table))
+        out: list[tuple[str, sql.SQL | sql.Composed]] = []
+        cur.execute("SELECT to_regclass(%s)::oid", (t.as_string(cur),))
+        row = cur.fetchone()
+        assert row is not None
+        old = row[0]
+        cur.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            " WHERE conrelid = %s AND contype IN ('u', 'c', 'x', 'f') ORDER BY contype, conname",
+            (old,),
+        )
+        for name, definition in cur.fetchall():
+            out.append(
+                (
+                    f"constraint {name!r} of {table!r}",
+                    sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+                        t, Q(name), sql.SQL(definition)
+                    ),
+                )
+            )
+        cur.execute(
+            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
+            " JOIN pg_class c ON c.oid = i.indexrelid"
+            " WHERE i.indrelid = %s AND NOT i.indisprimary AND NOT EXISTS"
+            " (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = %s)"
+            " ORDER BY c.relname",
+            (old, old),
+        )
+        for name, definition in cur.fetchall():
+            out.append((f"index {name!r} of {table!r}", sql.SQL(definition)))
+        cur.execute(
+            "SELECT tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger"
+            " WHERE tgrelid = %s AND NOT tgisinternal ORDER BY tgname",
+            (old,),
+        )
+        enable = {"D": "DISABLE", "R": "ENABLE REPLICA", "A": "ENABLE ALWAYS"}
+        for name, definition, state in cur.fetchall():
+            what = f"trigger {name!r} of {table!r}"
+            out.append((what, sql.SQL(definition)))
+            if state in enable:
+                out.append(
+                    (
+                        what,
+                        sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
+                            t, sql.SQL(enable[state]), Q(name)
+                        ),
+                    )
+                )
+        cur.execute(
+            "SELECT a.privilege_type, a.grantee, r.rolname, a.is_grantable"
+            " FROM pg_class c, aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee"
+            " WHERE c.oid = %s ORDER BY 3, 1",
+            (old,),
+        )
+        for privilege, grantee, rolname, grantable in cur.fetchall():
+            to = sql.SQL("PUBLIC") if grantee == 0 else Q(rolname)
+            out.append(
+                (
+                    f"grant of {privilege} on {table!r} to {rolname or 'PUBLIC'}",
+                    sql.SQL("GRANT {} ON {} TO {}{}").format(
+                        sql.SQL(privilege),
+                        t,
+                        to,
+                        sql.SQL(" WITH GRANT OPTION" if grantable else ""),
+                    ),
+                )
+            )
+        cur.execute(
+            "SELECT reloptions, obj_description(oid, 'pg_class') FROM pg_class WHERE oid = %s",
+            (old,),
+        )
+        found = cur.fetchone()
+        assert found is not None
+        options, comment = found
+        if options:
+            out.append(
+                (
+                    f"storage parameters of {table!r}",
+                    sql.SQL("ALTER TABLE {} SET ({})").format(
+                        t, sql.SQL(", ").join(sql.SQL(o) for o in options)
+                    ),
+                )
+            )
+        if comment is not None:
+            out.append(
+                (
+                    f"comment on {table!r}",
+                    sql.SQL("COMMENT ON TABLE {} IS {}").format(t, sql.Literal(comment)),
+                )
+            )
+        cur.execute(
+            "SELECT attname, col_description(attrelid, attnum) FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
+            " AND col_description(attrelid, attnum) IS NOT NULL ORDER BY attnum",
+            (old,),
+        )
+        for column, text in cur.fetchall():
+            if column not in columns:
+                continue  # the column is not published (any more): nothing to comment
+            out.append(
+                (
+                    f"comment on column {column!r} of {table!r}",
+                    sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
+                        t, Q(column), sql.Literal(text)
+                    ),
+                )
+            )
+        return out
 
     def _lock_old(self, cur: psycopg.Cursor[Any], homes: dict[str, str]) -> None:
         """ACCESS EXCLUSIVE on the old tables, in short attempts (see step 3)."""

@@ -342,3 +342,96 @@ def test_snapshot_from_a_postgresql_source_is_exactly_the_log_at_its_seq(
             )
             level = dst.execute("SELECT level FROM txrepl_subscriptions").fetchone()
         assert level == (seq,)
+
+
+_CARRIED = """
+SELECT 'constraint', conname || ' ' || pg_get_constraintdef(oid) FROM pg_constraint
+ WHERE conrelid = 'orders'::regclass AND contype <> 'p'
+UNION ALL SELECT 'index', indexdef FROM pg_indexes WHERE tablename = 'orders'
+UNION ALL SELECT 'trigger', tgname || ' ' || tgenabled::text FROM pg_trigger
+ WHERE tgrelid = 'orders'::regclass AND NOT tgisinternal
+UNION ALL SELECT 'grant', grantee || ' ' || privilege_type FROM information_schema.role_table_grants
+ WHERE table_name = 'orders' AND grantee = 'txrepl_reader'
+UNION ALL SELECT 'options', array_to_string(reloptions, ',') FROM pg_class
+ WHERE oid = 'orders'::regclass
+UNION ALL SELECT 'comment', coalesce(obj_description('orders'::regclass, 'pg_class'), '')
+ || '/' || coalesce(col_description('orders'::regclass, 4), '')
+ORDER BY 1, 2
+"""
+
+
+@pytest.mark.postgres
+def test_reinit_carries_indexes_constraints_triggers_grants_and_comments_over(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """What an operator added to a replicated table survives a reinit; what cannot be
+    re-created on the new table fails the reinit by name and changes nothing."""
+    src = sqlite_source(tmp_path / "source.db")
+    w1 = W1(accounts=300)
+    run_sqlite(src, w1.transactions(200))
+    pair = Pair(tmp_path, tables=["accounts", "orders"])
+    dsn = pg_server.create_database()
+
+    def load() -> int:
+        _incarnation, seq = load_snapshot(
+            address=pair.pub.address if pair.pub else "",
+            publisher="pub1",
+            publication="shop",
+            subscriber="sub1",
+            subscription="pub1.shop",
+            target=dsn,
+        )
+        return seq
+
+    try:
+        pair.start_publisher()
+        wait_until(lambda: pair.head() > 0, 60, "the source in the log")
+        load()
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE ROLE txrepl_reader")
+            conn.execute(
+                """
+                CREATE INDEX orders_by_account ON orders (account_id) WHERE status = 'new';
+                ALTER TABLE orders ADD CONSTRAINT positive CHECK (amount > 0);
+                CREATE FUNCTION noop() RETURNS trigger LANGUAGE plpgsql
+                  AS 'BEGIN RETURN NEW; END';
+                CREATE TRIGGER audit BEFORE UPDATE ON orders FOR EACH ROW EXECUTE FUNCTION noop();
+                ALTER TABLE orders ENABLE ALWAYS TRIGGER audit;
+                GRANT SELECT ON orders TO txrepl_reader;
+                ALTER TABLE orders SET (fillfactor = 70);
+                COMMENT ON TABLE orders IS 'replica of shop.orders';
+                COMMENT ON COLUMN orders.status IS 'new or shipped';
+                """
+            )
+            before = conn.execute(_CARRIED).fetchall()
+            oid = conn.execute("SELECT 'orders'::regclass::oid").fetchone()
+        assert len(before) == 7, before
+        run_sqlite(src, w1.transactions(50))
+        wait_until(lambda: pair.head() > 0, 60, "more in the log")
+        time.sleep(0.5)
+        load()
+        with psycopg.connect(dsn) as conn:
+            assert conn.execute(_CARRIED).fetchall() == before
+            assert conn.execute("SELECT 'orders'::regclass::oid").fetchone() != oid  # new table
+            assert w1_checksum(src) == w1_checksum(conn)
+
+        # Something that cannot be re-created: an index on a column the publisher
+        # does not send.
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("ALTER TABLE orders ADD COLUMN extra int")
+            conn.execute("CREATE INDEX orders_extra ON orders (extra)")
+            level = _level(dsn)
+            content = w1_checksum(conn)
+        run_sqlite(src, w1.transactions(20))
+        time.sleep(0.5)
+        with pytest.raises(SnapshotError, match="index 'orders_extra' of 'orders'"):
+            load()
+        assert _level(dsn) == level
+        with psycopg.connect(dsn) as conn:
+            assert w1_checksum(conn) == content
+            assert conn.execute("SELECT 'orders'::regclass::oid").fetchone() != oid
+            assert len(conn.execute(_CARRIED).fetchall()) == 8  # orders_extra too
+        assert _shadows(dsn) == []
+    finally:
+        pair.stop()
+        src.close()
