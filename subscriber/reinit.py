@@ -11,8 +11,11 @@ Atomicity argument (SQLite):
    chunks, through Spark.  Readers see the old tables meanwhile; a kill at any
    point leaves them intact (the shadows are dropped and rebuilt by the next run).
 3. One target transaction then drops each old table, renames its shadow into
-   place, replaces the subscription's recorded schemas and sets its level to S
-   with the snapshot's incarnation.  Readers see the old state or the new one,
+   place, re-creates the indexes and triggers an operator made on the old table
+   (their SQL from ``sqlite_master``; one that fails, say on a column the
+   publisher does not send, fails the swap, which rolls back), replaces the
+   subscription's recorded schemas and sets its level to S with the snapshot's
+   incarnation.  Readers see the old state or the new one,
    never a half-loaded table; the level and the rows move together.
 
 The subscriber then resumes from S + 1.  Per-table transforms and history mode
@@ -359,7 +362,13 @@ class _SqliteTarget:
         return len(rows)
 
     def swap(self, start: pb.SnapshotStart) -> None:
-        _swap(self.conn, self.subscription, start, self.schemas)
+        try:
+            _swap(self.conn, self.subscription, start, self.schemas)
+        except SnapshotError:
+            # Refused as loaded (a rerun would load them again): leave no copy behind.
+            for table in self.schemas:
+                self.conn.execute(f"DROP TABLE IF EXISTS {quote(SHADOW_PREFIX + table)}")
+            raise
 
     def close(self) -> None:
         self.conn.close()
@@ -488,9 +497,25 @@ def _swap(
     now = dt.datetime.now(dt.UTC).isoformat()
     conn.execute("BEGIN IMMEDIATE")
     try:
+        # Indexes and triggers an operator made on the old tables (their SQL names
+        # the table, which the shadow is renamed to); automatic indexes have no SQL.
+        carried = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
+            f" ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
+            f" ({', '.join('?' * len(schemas))}) ORDER BY type, name",
+            list(schemas),
+        ).fetchall()
         for table in schemas:
             conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
             conn.execute(f"ALTER TABLE {quote(SHADOW_PREFIX + table)} RENAME TO {quote(table)}")
+        for kind, name, table, statement in carried:
+            try:
+                conn.execute(statement)
+            except sqlite3.Error as exc:
+                raise SnapshotError(
+                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc};"
+                    " the target is unchanged"
+                ) from exc
         conn.execute("DELETE FROM txrepl_schemas WHERE subscription = ?", (subscription,))
         conn.executemany(
             "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"

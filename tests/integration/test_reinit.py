@@ -8,6 +8,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,5 +194,68 @@ def test_snapshot_of_a_shaped_table_is_refused_and_changes_nothing(tmp_path: Pat
         finally:
             if fresh.sub is not None:
                 fresh.sub.stop()
+    finally:
+        pair.stop()
+
+
+def test_sqlite_reinit_carries_indexes_and_triggers_over(tmp_path: Path, spark: Any) -> None:
+    """Indexes and triggers made on a replicated SQLite table survive a reinit; one
+    that cannot be re-created fails it by name and changes nothing."""
+    from subscriber.reinit import SnapshotError, load_snapshot
+
+    pair = Pair(tmp_path, tables=["counter", "ledger"])
+    src = ledger_source(pair.source_path)
+    made = (
+        "SELECT type, name, sql FROM sqlite_master WHERE tbl_name = 'ledger'"
+        " AND sql IS NOT NULL AND type <> 'table' ORDER BY 1, 2"
+    )
+
+    def load() -> int:
+        assert pair.pub is not None
+        return load_snapshot(
+            address=pair.pub.address,
+            publisher="pub1",
+            publication="shop",
+            subscriber="sub1",
+            subscription="pub1.shop",
+            target=pair.target_path,
+            spark=spark,
+        )[1]
+
+    try:
+        pair.start_publisher()
+        nxt = bursts(src, 1, 2)
+        wait_until(lambda: pair.head() > 0, 60, "entries")
+        load()
+        dst = sqlite3.connect(str(pair.target_path), isolation_level=None)
+        dst.executescript(
+            """
+            CREATE INDEX ledger_by_txn ON ledger (txn);
+            CREATE TABLE audit (id INTEGER);
+            CREATE TRIGGER ledger_audit AFTER INSERT ON ledger BEGIN
+              INSERT INTO audit VALUES (new.id);
+            END;
+            """
+        )
+        before = dst.execute(made).fetchall()
+        assert [r[1] for r in before] == ["ledger_by_txn", "ledger_audit"]
+        head = pair.head()
+        bursts(src, nxt, 2)
+        wait_until(lambda: pair.head() > head, 60, "more entries")
+        level = load()
+        assert dst.execute(made).fetchall() == before
+        dst.execute("INSERT INTO ledger (id, txn, amount, note) VALUES (-1, 0, '1.00', 'x')")
+        assert dst.execute("SELECT id FROM audit").fetchall() == [(-1,)]  # the trigger fires
+        dst.execute("DELETE FROM ledger WHERE id = -1")
+
+        dst.execute("ALTER TABLE ledger ADD COLUMN extra INTEGER")
+        dst.execute("CREATE INDEX ledger_extra ON ledger (extra)")
+        content = list(dst.iterdump())
+        with pytest.raises(SnapshotError, match="index 'ledger_extra' of 'ledger'"):
+            load()
+        assert list(dst.iterdump()) == content
+        row = dst.execute("SELECT level FROM txrepl_subscriptions").fetchone()
+        assert row == (level,)
+        dst.close()
     finally:
         pair.stop()
