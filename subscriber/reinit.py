@@ -513,8 +513,7 @@ def _swap(
                 conn.execute(statement)
             except sqlite3.Error as exc:
                 raise SnapshotError(
-                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc};"
-                    " the target is unchanged"
+                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc}"
                 ) from exc
         conn.execute("DELETE FROM txrepl_schemas WHERE subscription = ?", (subscription,))
         conn.executemany(
