@@ -122,9 +122,9 @@ def register_reinit(psub: Any) -> None:
 def _reinit(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
-    from subscriber.apply import SparkSettings, create_spark_session
+    from subscriber.apply import ApplyOptions, SparkSettings, create_spark_session
     from subscriber.config import load_config
-    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot, shaped_tables
+    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot
 
     cfg = load_config(args.config)
     sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
@@ -147,7 +147,9 @@ def _reinit(args: argparse.Namespace) -> int:
     except grpc.RpcError:
         daemon_running = False
     s = cfg.spark
-    # A PostgreSQL target is loaded by COPY from this process: no Spark session needed.
+    tables = ApplyOptions.from_config(cfg.apply).tables
+    # A PostgreSQL target is loaded by COPY from this process: no Spark session needed,
+    # unless a table is shaped by transforms (subscriber/reinit_shape.py).
     spark = (
         create_spark_session(
             SparkSettings(
@@ -158,7 +160,7 @@ def _reinit(args: argparse.Namespace) -> int:
                 log_level=s.log_level,
             )
         )
-        if sqlite_target
+        if sqlite_target or any(t.transforms or t.target for t in tables.values())
         else None
     )
 
@@ -187,7 +189,7 @@ def _reinit(args: argparse.Namespace) -> int:
             metadata=(("x-txrepl-token", token),) if token else None,
             on_progress=progress,
             role=cfg.apply.role or None,
-            shaped=shaped_tables(cfg.apply.tables),
+            tables=tables,
         )
     except SnapshotError as e:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)

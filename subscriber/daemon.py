@@ -231,7 +231,8 @@ class Subscriber:
         metadata = (("x-txrepl-token", sub.token),) if sub.token else None
 
         def load() -> tuple[str, int]:
-            from subscriber.reinit import load_snapshot, shaped_tables
+            from subscriber.apply import ApplyOptions
+            from subscriber.reinit import load_snapshot
 
             return load_snapshot(
                 address=sc.address,
@@ -243,7 +244,7 @@ class Subscriber:
                 spark=spark,
                 metadata=metadata,
                 role=cfg.apply.role or None,
-                shaped=shaped_tables(cfg.apply.tables),
+                tables=ApplyOptions.from_config(cfg.apply).tables,
             )
 
         return load

@@ -18,12 +18,12 @@ Atomicity argument (SQLite):
    incarnation.  Readers see the old state or the new one,
    never a half-loaded table; the level and the rows move together.
 
-The subscriber then resumes from S + 1.  Per-table transforms and history mode
-(``[apply.tables.<table>]``) are not applied to snapshots: a snapshot that holds
-such a table is refused before anything is written (:class:`SnapshotRefused`),
-as loading it as published would leave a target that the next applies do not
-expect (another table's name, columns renamed or dropped, rows outside the
-filter, a history table replaced by the current rows).
+The subscriber then resumes from S + 1.  A table with transforms
+(``[apply.tables.<table>]``) is loaded into its target table, shaped as the apply
+shapes its changes (:mod:`subscriber.reinit_shape`); the recorded schemas stay
+the published ones, from which the apply derives the target's.  A table in
+history mode is refused before anything is written (:class:`SnapshotRefused`):
+the snapshot would replace the versions it keeps with the current rows.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import structlog
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.values import decode
+from subscriber.apply.options import TableOptions
 from subscriber.apply.session import arrow_frame
 from subscriber.apply.sqlite import SqliteWriter, quote, sqlite_value
 
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
 
     from subscriber.reinit_pg import PgShadowLoader
 
-__all__ = ["SnapshotError", "SnapshotProgress", "SnapshotRefused", "load_snapshot", "shaped_tables"]
+__all__ = ["SnapshotError", "SnapshotProgress", "SnapshotRefused", "load_snapshot"]
 
 log = structlog.get_logger(__name__)
 
@@ -74,33 +75,7 @@ class SnapshotError(Exception):
 
 
 class SnapshotRefused(SnapshotError):
-    """The snapshot holds a table the configuration shapes (a retry cannot help)."""
-
-
-_SHAPING = ("target", "rename", "drop", "computed", "filter", "history")
-
-
-def shaped_tables(tables: Mapping[str, Any]) -> dict[str, list[str]]:
-    """Source table -> the options of ``[apply.tables.<table>]`` a snapshot would not apply.
-
-    ``tables``: ``ApplyConfig.tables`` or ``ApplyOptions.tables`` (read by attribute);
-    tables whose options are all defaults are left out.
-    """
-    shaped = {name: [o for o in _SHAPING if getattr(t, o, None)] for name, t in tables.items()}
-    return {name: opts for name, opts in shaped.items() if opts}
-
-
-def _refuse_shaped(start: pb.SnapshotStart, shaped: Mapping[str, Sequence[str]]) -> None:
-    hit = {t.schema.table: shaped[t.schema.table] for t in start.tables if t.schema.table in shaped}
-    if hit:
-        what = "; ".join(
-            f"[apply.tables.{table}] sets {', '.join(opts)}" for table, opts in sorted(hit.items())
-        )
-        raise SnapshotRefused(
-            f"snapshot refused: {what}, and snapshots load tables as published (transforms "
-            "and history are applied to replicated changes only), so the target would not "
-            "be what the next applies expect; nothing was loaded"
-        )
+    """The configuration rules the snapshot out (a retry cannot help)."""
 
 
 @dataclass
@@ -171,15 +146,15 @@ def load_snapshot(
     on_progress: Callable[[SnapshotProgress], None] | None = None,
     chunk_rows: int = 5000,
     role: str | None = None,
-    shaped: Mapping[str, Sequence[str]] | None = None,
+    tables: Mapping[str, TableOptions] | None = None,
 ) -> tuple[str, int]:
     """Load the publication's snapshot into ``target``; returns (incarnation, seq).
 
     ``target`` is a SQLite file (a ``Path``; ``spark`` required) or a PostgreSQL URL
     (``postgresql://...``; ``spark`` unused, ``role`` the replay role to create the
-    tables as).  ``shaped`` (:func:`shaped_tables`): source tables with transforms
-    or history; a snapshot holding one raises :class:`SnapshotRefused` before
-    anything is written.
+    tables as).  ``tables``: the subscriber's per-table options (``ApplyOptions.tables``);
+    a table with transforms is loaded shaped (Spark required), one in history mode
+    raises :class:`SnapshotRefused` before anything is written.
     """
     sink: _Target
     if isinstance(target, str):
@@ -217,7 +192,8 @@ def load_snapshot(
             publication=publication,
             progress=progress,
             on_progress=on_progress,
-            shaped=shaped or {},
+            tables=tables or {},
+            spark=spark,
         )
     except grpc.RpcError as e:
         raise SnapshotError(f"snapshot failed: {e.code().name}: {e.details()}") from e
@@ -246,8 +222,9 @@ class _Target(Protocol):
     def write(self, table: str, rows: list[Any]) -> int:
         """Write a non-empty buffer into the table's shadow; returns the rows written."""
 
-    def swap(self, start: pb.SnapshotStart) -> None:
-        """Replace the tables, schemas and level with the shadows' in one transaction."""
+    def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
+        """Replace the tables and level with the shadows' in one transaction, and the
+        subscription's schemas with ``recorded`` (the published ones)."""
 
     def close(self) -> None: ...
 
@@ -260,19 +237,27 @@ def _consume(
     publication: str,
     progress: SnapshotProgress,
     on_progress: Callable[[SnapshotProgress], None] | None,
-    shaped: Mapping[str, Sequence[str]],
+    tables: Mapping[str, TableOptions],
+    spark: SparkSession | None,
 ) -> tuple[str, int]:
-    """Load a Snapshot stream (start, rows..., end) into ``target``; (incarnation, seq)."""
+    """Load a Snapshot stream (start, rows..., end) into ``target``; (incarnation, seq).
+
+    Buffers and the target's tables go by target table name (a table with
+    transforms may load into another); rows received are counted by published name.
+    """
+    from subscriber.reinit_shape import Shape, shape_rows, shapes
+
     start: pb.SnapshotStart | None = None
     buffers: dict[str, list[Any]] = {}
-    loaded: dict[str, int] = {}
+    received: dict[str, int] = {}
+    shaped: dict[str, Shape] = {}
+    into: dict[str, str] = {}  # published table -> target table
 
     def flush(table: str) -> None:
         rows = buffers[table]
         if not rows:
             return
         n = target.write(table, rows)
-        loaded[table] += n
         progress.rows_loaded += n
         buffers[table] = []
         if on_progress is not None:
@@ -285,13 +270,21 @@ def _consume(
                 raise SnapshotError("the snapshot started twice")
             start = chunk.start
             _check_publisher(start, publisher)
-            _refuse_shaped(start, shaped)
+            shaped = shapes(spark, start, tables) if tables else {}
+            loading = pb.SnapshotStart()
+            loading.CopyFrom(start)
             progress.seq = start.seq
-            for t in start.tables:
+            progress.rows_expected = 0
+            buffers, received, into = {}, {}, {}
+            for t, published in zip(loading.tables, start.tables, strict=True):
+                name = published.schema.table
+                if name in shaped:
+                    t.schema.CopyFrom(shaped[name].target)
+                into[name] = t.schema.table
                 buffers[t.schema.table] = []
-                loaded[t.schema.table] = 0
+                received[name] = 0
                 progress.rows_expected += t.expected_rows
-            target.begin(start)
+            target.begin(loading)
             log.info(
                 "snapshot started",
                 publication=publication,
@@ -302,21 +295,29 @@ def _consume(
             )
         elif kind == "rows":
             table = chunk.rows.table
-            if start is None or table not in buffers:
+            if start is None or table not in into:
                 raise SnapshotError(f"snapshot rows for unknown table {table!r}")
-            buf = buffers[table]
-            target.buffer(table, buf, chunk.rows.rows)
+            rows: Any = chunk.rows.rows
+            received[table] += len(rows)
+            if table in shaped:
+                assert spark is not None  # shapes() refused a shaped table without one
+                rows = shape_rows(spark, shaped[table], start.seq, rows)
+            name = into[table]
+            buf = buffers[name]
+            target.buffer(name, buf, rows)
             if len(buf) >= target.flush_rows:
-                flush(table)
+                flush(name)
         elif kind == "end":
             if start is None:
                 raise SnapshotError("snapshot ended before it started")
             for table in buffers:
                 flush(table)
             expected = {t.schema.table: t.expected_rows for t in start.tables}
-            if loaded != expected:
-                raise SnapshotError(f"snapshot incomplete: loaded {loaded}, expected {expected}")
-            target.swap(start)
+            if received != expected:
+                raise SnapshotError(
+                    f"snapshot incomplete: received {received}, expected {expected}"
+                )
+            target.swap(start, {t.schema.table: t.schema for t in start.tables})
             log.info(
                 "snapshot loaded",
                 publication=publication,
@@ -361,9 +362,9 @@ class _SqliteTarget:
         self.conn.execute("COMMIT")
         return len(rows)
 
-    def swap(self, start: pb.SnapshotStart) -> None:
+    def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         try:
-            _swap(self.conn, self.subscription, start, self.schemas)
+            _swap(self.conn, self.subscription, start, list(self.schemas), recorded)
         except SnapshotError:
             # Refused as loaded (a rerun would load them again): leave no copy behind.
             for table in self.schemas:
@@ -480,8 +481,8 @@ class _PgTarget:
         self.loader.write(table, rows)
         return len(rows)
 
-    def swap(self, start: pb.SnapshotStart) -> None:
-        self.loader.swap(self.subscription, start.incarnation, start.seq)
+    def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
+        self.loader.swap(self.subscription, start.incarnation, start.seq, recorded)
 
     def close(self) -> None:
         self.loader.close()
@@ -491,9 +492,11 @@ def _swap(
     conn: sqlite3.Connection,
     subscription: str,
     start: pb.SnapshotStart,
-    schemas: dict[str, pb.TableSchema],
+    tables: Sequence[str],
+    recorded: Mapping[str, pb.TableSchema],
 ) -> None:
-    """Step 3 of the module docstring: one transaction swaps tables, schemas and level."""
+    """Step 3 of the module docstring: one transaction swaps ``tables`` (their
+    shadows in), records the ``recorded`` schemas and sets the level."""
     now = dt.datetime.now(dt.UTC).isoformat()
     conn.execute("BEGIN IMMEDIATE")
     try:
@@ -502,10 +505,10 @@ def _swap(
         carried = conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
             f" ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
-            f" ({', '.join('?' * len(schemas))}) ORDER BY type, name",
-            list(schemas),
+            f" ({', '.join('?' * len(tables))}) ORDER BY type, name",
+            list(tables),
         ).fetchall()
-        for table in schemas:
+        for table in tables:
             conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
             conn.execute(f"ALTER TABLE {quote(SHADOW_PREFIX + table)} RENAME TO {quote(table)}")
         for kind, name, table, statement in carried:
@@ -519,7 +522,7 @@ def _swap(
         conn.executemany(
             "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
             " VALUES (?, ?, ?, ?)",
-            [(subscription, t, s.SerializeToString(), now) for t, s in schemas.items()],
+            [(subscription, t, s.SerializeToString(), now) for t, s in recorded.items()],
         )
         conn.execute(
             "INSERT INTO txrepl_subscriptions (subscription, incarnation, level, updated_at)"

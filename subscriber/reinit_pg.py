@@ -2,9 +2,8 @@
 
 Used by :func:`subscriber.reinit.load_snapshot` when the target is
 ``postgresql://...``.  Rows go from the driver straight into PostgreSQL with
-``COPY ... FROM STDIN`` (psycopg 3); Spark is not involved, as snapshots apply no
-transforms (a publication with a transformed or history table is refused,
-:class:`subscriber.reinit.SnapshotRefused`).
+``COPY ... FROM STDIN`` (psycopg 3); Spark is involved only for a table with
+transforms, whose rows :mod:`subscriber.reinit_shape` shapes before they get here.
 
 Atomicity argument
 ==================
@@ -70,7 +69,7 @@ VACUUM's horizon on the target while it runs.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -186,8 +185,16 @@ class PgShadowLoader:
         except (psycopg.Error, TypeError, ValueError) as exc:
             raise self._error(f"refused the snapshot rows of table {table!r}", exc) from exc
 
-    def swap(self, subscription: str, incarnation: str, seq: int) -> None:
-        """Steps 2 (primary keys), 3 and 4."""
+    def swap(
+        self,
+        subscription: str,
+        incarnation: str,
+        seq: int,
+        recorded: Mapping[str, pb.TableSchema] | None = None,
+    ) -> None:
+        """Steps 2 (primary keys), 3 and 4; ``recorded``: the schemas to record for the
+        subscription (the published ones, when a table loads shaped; default: the
+        shadows')."""
         cur = self.conn.cursor()
         try:
             for table, schema in self.schemas.items():
@@ -254,7 +261,10 @@ class PgShadowLoader:
             cur.execute("DELETE FROM txrepl_schemas WHERE subscription = %s", (subscription,))
             cur.executemany(
                 "INSERT INTO txrepl_schemas (subscription, table_name, schema) VALUES (%s, %s, %s)",
-                [(subscription, t, s.SerializeToString()) for t, s in self.schemas.items()],
+                [
+                    (subscription, t, s.SerializeToString())
+                    for t, s in (self.schemas if recorded is None else recorded).items()
+                ],
             )
             cur.execute(
                 "UPDATE txrepl_subscriptions SET level = %s, incarnation = %s, updated_at = now()"

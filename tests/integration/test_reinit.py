@@ -147,11 +147,71 @@ def test_new_subscriber_after_purge_starts_from_a_snapshot(tmp_path: Path) -> No
         pair.stop()
 
 
-def test_snapshot_of_a_shaped_table_is_refused_and_changes_nothing(tmp_path: Path) -> None:
-    """A table with transforms or history is not loaded as published: `reinit` fails
-    naming the table and its options, the target is byte-for-byte as before, and a
-    new subscription that must start from a snapshot stops in state error."""
-    shaping = {"apply": {"tables": {"ledger": {"filter": "txn >= 0", "rename": {"note": "memo"}}}}}
+def _entries(path: Path) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(str(path))
+    try:
+        rows = conn.execute("SELECT id, txn, amount, memo, cents FROM entries ORDER BY id")
+        return [(i, t, float(a), m, c) for i, t, a, m, c in rows]  # amounts: text here
+    finally:
+        conn.close()
+
+
+def test_reinit_loads_a_transformed_table_as_the_apply_shapes_it(tmp_path: Path) -> None:
+    """A table with transforms (another target name, a rename, a computed column, a
+    filter) is loaded by reinit into exactly what replication had built there; the
+    subscription then goes on applying into it."""
+    shaping = {
+        "apply": {
+            "tables": {
+                "ledger": {
+                    "target": "entries",
+                    "rename": {"note": "memo"},
+                    "computed": {"cents": "CAST(CAST(amount AS DECIMAL(12,2)) * 100 AS BIGINT)"},
+                    "filter": "txn % 3 <> 0",
+                }
+            }
+        }
+    }
+    pair = Pair(tmp_path, tables=["counter", "ledger"], subscriber_extra=shaping)
+    src = ledger_source(pair.source_path)
+
+    def expected() -> list[tuple[object, ...]]:
+        rows = src.execute("SELECT id, txn, amount, note FROM ledger ORDER BY id").fetchall()
+        return [(i, t, a, n, round(float(a) * 100)) for i, t, a, n in rows if int(t) % 3 != 0]
+
+    try:
+        pair.start_publisher()
+        sub = pair.start_subscriber()
+        nxt = bursts(src, 1, 3)
+        pair.wait_caught_up()
+        sub.stop()
+        replicated = _entries(pair.target_path)
+        assert replicated == expected()
+        assert len(replicated) > 10
+        conn = sqlite3.connect(str(pair.target_path))
+        conn.execute("DELETE FROM entries")  # lost: only a reinit brings them back
+        conn.commit()
+        conn.close()
+        out = subprocess.run(pair.reinit_argv(), capture_output=True, text=True, timeout=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert _entries(pair.target_path) == replicated
+        conn = sqlite3.connect(str(pair.target_path))
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        conn.close()
+        assert "ledger" not in tables
+        assert not [t for t in tables if "shadow" in t]
+        pair.start_subscriber()
+        bursts(src, nxt, 2)
+        wait_until(lambda: _entries(pair.target_path) == expected(), 60, "entries = source")
+    finally:
+        pair.stop()
+
+
+def test_snapshot_of_a_history_table_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """History mode: `reinit` fails naming the table, the target is byte-for-byte as
+    before, and a new subscription that must start from a snapshot stops in state
+    error."""
+    shaping = {"apply": {"tables": {"counter": {"history": True}}}}
     pair = Pair(tmp_path / "a", tables=["counter", "ledger"], subscriber_extra=shaping)
     pair.workdir.mkdir()
     src = ledger_source(pair.source_path)
@@ -162,13 +222,12 @@ def test_snapshot_of_a_shaped_table_is_refused_and_changes_nothing(tmp_path: Pat
         pair.wait_caught_up()
         sub.stop()
         conn = sqlite3.connect(str(pair.target_path))
-        memos = conn.execute("SELECT count(memo) FROM ledger").fetchone()[0]
-        assert memos > 0  # the rename was applied to replicated changes
+        assert conn.execute("SELECT count(*) FROM counter").fetchone()[0] > 1  # versions
         before = list(conn.iterdump())
         conn.close()
         out = subprocess.run(pair.reinit_argv(), capture_output=True, text=True, timeout=180)
         assert out.returncode == 1, out.stdout + out.stderr
-        assert "[apply.tables.ledger] sets rename, filter" in out.stderr
+        assert "[apply.tables.counter] sets history" in out.stderr
         assert "nothing was loaded" in out.stderr
         conn = sqlite3.connect(str(pair.target_path))
         assert list(conn.iterdump()) == before
@@ -185,7 +244,7 @@ def test_snapshot_of_a_shaped_table_is_refused_and_changes_nothing(tmp_path: Pat
         try:
             fresh.start_subscriber()
             wait_until(lambda: fresh.status().state == "error", 120, "state error")
-            assert "[apply.tables.ledger] sets rename, filter" in fresh.status().last_error
+            assert "[apply.tables.counter] sets history" in fresh.status().last_error
             conn = sqlite3.connect(str(fresh.target_path))
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             conn.close()
