@@ -200,3 +200,26 @@ def test_gathered_spans_are_the_slices(
         assert _wire._taken(arr, starts, lengths, pa.binary()) is not None  # the fast path
     if not ordered:
         assert _wire._taken(arr, starts, lengths, pa.binary()) is None
+
+
+@pytest.mark.parametrize("ctype", TYPES, ids=lambda t: T.Name(t))
+@pytest.mark.parametrize("seed", range(3))
+def test_in_flight_values_go_back_to_the_same_values(
+    ctype: pb.ColumnType.ValueType, seed: int
+) -> None:
+    """A snapshot row shaped by transforms goes back to ``Value`` messages
+    (subscriber/reinit_shape.py): every in-flight form returns the value it came from."""
+    from subscriber.reinit_shape import _value as back
+
+    rng = random.Random(seed)
+    cells = [_value(ctype, rng) for _ in range(300)]
+    col = pb.Column(name="c", type=ctype)
+    name, arr = _events._wire_column(0, col, [c.SerializeToString() for c in cells])
+    assert name == "c0"
+    for cell, x in zip(cells, arr.to_pylist(), strict=True):
+        got = values.decode(back(col, x))
+        want = values.decode(cell)
+        assert got == want
+        if isinstance(want, datetime.datetime):
+            assert isinstance(got, datetime.datetime)
+            assert got.utcoffset() == want.utcoffset()
