@@ -260,6 +260,22 @@ class Pair:
         ).start()
         return self.sub
 
+    def load_snapshot(self, target: str | Path, **more: Any) -> int:
+        """Load this publication's snapshot into ``target`` in this process
+        (subscriber/reinit.py, as ``sub1``); returns the snapshot's seq."""
+        from subscriber.reinit import load_snapshot
+
+        assert self.pub is not None
+        return load_snapshot(
+            address=self.pub.address,
+            publisher=self.publisher_name,
+            publication=self.publication,
+            subscriber=self.subscriber_name,
+            subscription=f"{self.publisher_name}.{self.publication}",
+            target=target,
+            **more,
+        )[1]
+
     def head(self) -> int:
         assert self.pub is not None
         return publication_head(self.pub.address, self.publication)

@@ -260,7 +260,7 @@ def test_snapshot_of_a_history_table_is_refused_and_changes_nothing(tmp_path: Pa
 def test_sqlite_reinit_carries_indexes_and_triggers_over(tmp_path: Path, spark: Any) -> None:
     """Indexes and triggers made on a replicated SQLite table survive a reinit; one
     that cannot be re-created fails it by name and changes nothing."""
-    from subscriber.reinit import SnapshotError, load_snapshot
+    from subscriber.reinit import SnapshotError
 
     pair = Pair(tmp_path, tables=["counter", "ledger"])
     src = ledger_source(pair.source_path)
@@ -270,16 +270,7 @@ def test_sqlite_reinit_carries_indexes_and_triggers_over(tmp_path: Path, spark: 
     )
 
     def load() -> int:
-        assert pair.pub is not None
-        return load_snapshot(
-            address=pair.pub.address,
-            publisher="pub1",
-            publication="shop",
-            subscriber="sub1",
-            subscription="pub1.shop",
-            target=pair.target_path,
-            spark=spark,
-        )[1]
+        return pair.load_snapshot(pair.target_path, spark=spark)
 
     try:
         pair.start_publisher()

@@ -373,15 +373,7 @@ def test_reinit_carries_indexes_constraints_triggers_grants_and_comments_over(
     dsn = pg_server.create_database()
 
     def load() -> int:
-        _incarnation, seq = load_snapshot(
-            address=pair.pub.address if pair.pub else "",
-            publisher="pub1",
-            publication="shop",
-            subscriber="sub1",
-            subscription="pub1.shop",
-            target=dsn,
-        )
-        return seq
+        return pair.load_snapshot(dsn)
 
     try:
         pair.start_publisher()
@@ -472,16 +464,7 @@ def test_snapshot_of_a_transformed_table_into_postgresql_equals_replication(
         run_sqlite(src, w1.transactions(300))
         pair.wait_caught_up()
         snapshot = pg_server.create_database()
-        _incarnation, seq = load_snapshot(
-            address=pair.pub.address if pair.pub else "",
-            publisher="pub1",
-            publication="shop",
-            subscriber="sub1",
-            subscription="pub1.shop",
-            target=snapshot,
-            spark=spark,
-            tables=tables,
-        )
+        seq = pair.load_snapshot(snapshot, spark=spark, tables=tables)
         assert seq == pair.head()
         with psycopg.connect(replicated) as a, psycopg.connect(snapshot) as b:
             want = a.execute(wallets).fetchall()
