@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode
 from subscriber.apply._events import EventBuffer
 from subscriber.apply._shape import shaped_rows, target_schema
 from subscriber.apply.errors import SchemaError
@@ -47,7 +46,6 @@ __all__ = ["Shape", "shape_rows", "shapes"]
 
 T = pb.ColumnType
 _INSERT = int(pb.ROW_OP_INSERT)
-_EPOCH = dt.datetime(1970, 1, 1)
 
 
 class Shape(NamedTuple):
@@ -114,23 +112,53 @@ def shape_rows(spark: SparkSession, shape: Shape, seq: int, rows: Sequence[pb.Ro
         )
     _deletes, upserts = shaped_rows(arrow_frame(spark, events), source, shape.options, shape.exprs)
     columns = [
-        [_value(c, x) for x in upserts.column(f"c{j}").to_pylist()]
-        for j, c in enumerate(shape.target.columns)
+        [_NULL if x is None else back(x) for x in upserts.column(f"c{j}").to_pylist()]
+        for j, back in enumerate(_backs(shape.target))
     ]
     return [pb.Row(values=values) for values in zip(*columns, strict=True)] if columns else []
 
 
-def _value(column: pb.Column, x: Any) -> pb.Value:
-    """An in-flight value (writer.py's forms) as the ``Value`` of its logical type."""
-    ctype = column.type
-    if x is None:
-        return encode(None, ctype)
-    if ctype == T.COLUMN_TYPE_DECIMAL:
-        x = decimal.Decimal(x)  # exact: the in-flight form is the canonical text
-    elif ctype == T.COLUMN_TYPE_TIME:
-        x = (_EPOCH + dt.timedelta(microseconds=x)).time()
-    elif ctype == T.COLUMN_TYPE_TIMESTAMP:
-        x = _EPOCH + dt.timedelta(microseconds=x)
-    elif ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
-        x = dt.datetime.fromisoformat(x)
-    return encode(x, ctype)
+_NULL = pb.Value(null=True)
+_DAY0 = dt.date(1970, 1, 1)
+
+
+_UTC0 = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def _tz(x: str) -> pb.Value:
+    """TIMESTAMPTZ: in flight as ``isoformat()`` text, with its offset."""
+    ts = dt.datetime.fromisoformat(x)
+    off = ts.utcoffset()
+    if off is None:  # not written by the apply, but zone-less means UTC (common.values)
+        ts, off = ts.replace(tzinfo=dt.UTC), dt.timedelta(0)
+    d = ts - _UTC0
+    utc_us = (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
+    return pb.Value(timestamptz=pb.TimestampTz(utc_us=utc_us, offset_s=int(off.total_seconds())))
+
+
+# In-flight value (writer.py's forms, never None) -> the Value of its logical type.
+_BACK: dict[int, Callable[[Any], pb.Value]] = {
+    T.COLUMN_TYPE_INTEGER: lambda x: pb.Value(int=x),
+    T.COLUMN_TYPE_FLOAT: lambda x: pb.Value(float=x),
+    T.COLUMN_TYPE_TEXT: lambda x: pb.Value(text=x),
+    T.COLUMN_TYPE_JSON: lambda x: pb.Value(json=x),
+    T.COLUMN_TYPE_BYTES: lambda x: pb.Value(blob=x),
+    T.COLUMN_TYPE_BOOLEAN: lambda x: pb.Value(boolean=x),
+    # The in-flight text is canonical already; Decimal() checks it is a number.
+    T.COLUMN_TYPE_DECIMAL: lambda x: pb.Value(decimal=str(decimal.Decimal(x))),
+    T.COLUMN_TYPE_DATE: lambda x: pb.Value(date=(x - _DAY0).days),
+    T.COLUMN_TYPE_TIME: lambda x: pb.Value(time_us=x),
+    T.COLUMN_TYPE_TIMESTAMP: lambda x: pb.Value(timestamp_us=x),
+    T.COLUMN_TYPE_TIMESTAMPTZ: _tz,
+}
+
+
+def _backs(schema: pb.TableSchema) -> list[Callable[[Any], pb.Value]]:
+    """Per column of ``schema``, its in-flight value -> ``Value`` (see :data:`_BACK`)."""
+    out = []
+    for c in schema.columns:
+        back = _BACK.get(c.type)
+        if back is None:
+            raise SnapshotError(f"column {c.name!r}: no snapshot transform for type {c.type}")
+        out.append(back)
+    return out

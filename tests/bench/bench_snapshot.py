@@ -22,6 +22,13 @@ All targets are databases of the same cluster; the runs are sequential.  The
 table: id bigint primary key, name text, qty bigint, price numeric(12,2),
 created_at timestamptz.  Knobs: ``TXREPL_BENCH_SNAPSHOT_ROWS`` (default 1,000,000),
 ``TXREPL_BENCH_RUNS`` (default 1).
+
+``txrepl sqlite shaped``
+               the SQLite source again, loaded with ``[apply.tables.items]``
+               transforms (another target table, a renamed column, a computed
+               column, a filter keeping every other row): each 10,000-row chunk
+               goes through a Spark job in this process (subscriber/reinit_shape.py).
+               Its rows/s count the rows received, as the others'.
 """
 
 from __future__ import annotations
@@ -97,11 +104,14 @@ def make_pg_source(dsn: str, n: int) -> None:
         conn.execute("VACUUM ANALYZE items")
 
 
-def _count(dsn: str) -> int:
+def _count(dsn: str, table: str = TABLE) -> int:
     import psycopg
+    from psycopg import sql
 
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT count(*) FROM items").fetchone()
+        row = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))
+        ).fetchone()
     return int(row[0]) if row else -1
 
 
@@ -152,7 +162,18 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
                 server.drop_database(db)
 
 
-def txrepl(base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str) -> dict[str, Any]:
+SHAPED = {
+    "target": "stock",
+    "rename": {"name": "label"},
+    "computed": {"value": "qty * CAST(price AS DECIMAL(12,2))"},
+    "filter": "qty % 2 = 0",
+}
+
+
+def txrepl(
+    base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str, spark: Any = None
+) -> dict[str, Any]:
+    from subscriber.apply import TableOptions
     from subscriber.reinit import load_snapshot
 
     work = Path(tempfile.mkdtemp(prefix=f"snapshot-{run_no}-", dir=base))
@@ -204,8 +225,25 @@ def txrepl(base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str
             subscription="pub1.shop",
             target=dst_dsn,
             chunk_rows=10_000,
+            spark=spark,
+            tables={TABLE: TableOptions(**SHAPED)} if spark is not None else None,  # type: ignore[arg-type]
         )
         seconds = time.monotonic() - began
+        if spark is not None:
+            loaded = _count(dst_dsn, "stock")
+            kept = sum(1 for r in _sqlite_rows(n) if r[2] % 2 == 0)
+            return {
+                "system": f"txrepl {source_kind} shaped",
+                "measure": f"snapshot load with transforms ({source_kind} source -> PostgreSQL)",
+                "run": run_no,
+                "rows": n,
+                "loaded": loaded,
+                "seq": seq,
+                "seconds": round(seconds, 3),
+                "rows_per_s": round(n / seconds),
+                "complete": loaded == kept,
+                "publisher_install_s": round(install_s, 1),
+            }
         rows = _count(dst_dsn)
         return {
             "system": f"txrepl {source_kind}",
@@ -247,14 +285,18 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
     print(f"snapshot of a {n:,}-row table into PostgreSQL, {runs} run(s)")
     rows: list[dict[str, Any]] = []
     base = Path(tempfile.mkdtemp(prefix="txrepl-bench-snapshot-"))
+    from subscriber.apply import SparkSettings, create_spark_session
+
+    spark = create_spark_session(SparkSettings())  # for the shaped load only
     with bench_cluster() as src, bench_cluster() as dst:
         for run_no in range(1, runs + 1):
-            for system in ("pg native", "postgresql", "sqlite"):
-                row = (
-                    pg_native(src, dst, n, run_no)
-                    if system == "pg native"
-                    else txrepl(base, src, dst, n, run_no, system)
-                )
+            for system in ("pg native", "postgresql", "sqlite", "sqlite shaped"):
+                if system == "pg native":
+                    row = pg_native(src, dst, n, run_no)
+                elif system == "sqlite shaped":
+                    row = txrepl(base, src, dst, n, run_no, "sqlite", spark)
+                else:
+                    row = txrepl(base, src, dst, n, run_no, system)
                 print(
                     f"  {row['system']:<17} run {run_no}: {row['rows']:,} rows in"
                     f" {row['seconds']:.2f} s = {row['rows_per_s']:,} rows/s"
@@ -270,7 +312,7 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
                 rows.append(row)
     for run_no in range(1, runs + 1):
         by = {r["system"]: r for r in rows if r["run"] == run_no}
-        for system in ("txrepl postgresql", "txrepl sqlite"):
+        for system in ("txrepl postgresql", "txrepl sqlite", "txrepl sqlite shaped"):
             ratio = by[system]["rows_per_s"] / by["pg native"]["rows_per_s"]
             rows.append(
                 {
