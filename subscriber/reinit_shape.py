@@ -159,6 +159,9 @@ def _backs(schema: pb.TableSchema) -> list[Callable[[Any], pb.Value]]:
     for c in schema.columns:
         back = _BACK.get(c.type)
         if back is None:
-            raise SnapshotError(f"column {c.name!r}: no snapshot transform for type {c.type}")
+            raise SnapshotError(
+                f"column {c.name!r} of {schema.table!r}: type {T.Name(c.type)} cannot be"
+                " loaded through transforms"
+            )
         out.append(back)
     return out
