@@ -160,7 +160,7 @@ def _reinit(args: argparse.Namespace) -> int:
                 log_level=s.log_level,
             )
         )
-        if sqlite_target or any(t.transforms or t.target for t in tables.values())
+        if sqlite_target or any(t.shaped and not t.history for t in tables.values())
         else None
     )
 

@@ -504,7 +504,7 @@ def _swap(
         # the table, which the shadow is renamed to); automatic indexes have no SQL.
         carried = conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
-            f" ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
+            " ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
             f" ({', '.join('?' * len(tables))}) ORDER BY type, name",
             list(tables),
         ).fetchall()
@@ -516,7 +516,8 @@ def _swap(
                 conn.execute(statement)
             except sqlite3.Error as exc:
                 raise SnapshotError(
-                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc}"
+                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc};"
+                    " drop it or make it fit the published columns, then run the reinit again"
                 ) from exc
         conn.execute("DELETE FROM txrepl_schemas WHERE subscription = ?", (subscription,))
         conn.executemany(

@@ -248,7 +248,11 @@ class PgShadowLoader:
                 try:
                     cur.execute(statement)
                 except psycopg.Error as exc:
-                    raise self._error(f"cannot carry {what} over to the new table", exc) from exc
+                    raise self._error(
+                        f"cannot carry {what} over to the new table (drop it or make it fit"
+                        " the published columns, then run the reinit again)",
+                        exc,
+                    ) from exc
             cur.execute(
                 "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
                 " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",

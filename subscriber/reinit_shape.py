@@ -66,7 +66,7 @@ def shapes(
     out: dict[str, Shape] = {}
     for t in start.tables:
         opts = options.get(t.schema.table)
-        if opts is None or not (opts.transforms or opts.target or opts.history):
+        if opts is None or not opts.shaped:
             continue
         if opts.history:
             raise SnapshotRefused(
@@ -108,7 +108,8 @@ def shape_rows(spark: SparkSession, shape: Shape, seq: int, rows: Sequence[pb.Ro
     if mixed:
         raise SnapshotError(
             f"table {source.table!r}: column(s) {mixed} hold values of another type than"
-            " declared, which transforms cannot read"
+            " declared, which transforms cannot read; load it without its"
+            f" [apply.tables.{source.table}] options"
         )
     _deletes, upserts = shaped_rows(arrow_frame(spark, events), source, shape.options, shape.exprs)
     columns = [

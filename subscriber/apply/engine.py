@@ -703,7 +703,7 @@ class Applier:
     ) -> tuple[pb.TableSchema, list[tuple[str, str]]] | None:
         """The target schema and column expressions of a shaped table (None: as is)."""
         opts = self.options.tables.get(schema.table)
-        if opts is None or not (opts.transforms or opts.history or opts.target):
+        if opts is None or not opts.shaped:
             return None
         key = (schema.table, schema.SerializeToString())
         cached = self._shapes.get(key)

@@ -45,6 +45,11 @@ class TableOptions:
     def transforms(self) -> bool:
         return bool(self.rename or self.drop or self.computed or self.filter)
 
+    @property
+    def shaped(self) -> bool:
+        """The target table is not the source's as is: another name, transforms or history."""
+        return bool(self.target) or self.transforms or self.history
+
 
 @dataclass(frozen=True)
 class ApplyOptions:
