@@ -1,0 +1,71 @@
+"""A database URL parsed once: which dialect, and where.
+
+The daemons' configs, the writers, the capture and the snapshot loaders take a
+:class:`DatabaseUrl` instead of testing string prefixes.  Accepted forms::
+
+    sqlite:///relative/or/absolute/path.db     (three slashes; a relative path is
+    sqlite:////absolute/path.db                 taken relative to the config file)
+    postgresql://user:password@host:port/db    (also postgres://; libpq keywords in
+                                                the query string pass through)
+
+The dialect names are the keys of each daemon's registry of sources and targets
+(``publisher.capture``, ``subscriber.targets``).  A URL of any other scheme is
+refused with a message naming the key and the accepted forms.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["DIALECTS", "DatabaseUrl", "Dialect"]
+
+Dialect = Literal["sqlite", "postgresql"]
+DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
+
+_SCHEMES: dict[str, Dialect] = {
+    "sqlite": "sqlite",
+    "postgresql": "postgresql",
+    "postgres": "postgresql",
+}
+_FORMS = "use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatabaseUrl:
+    """``raw`` as the operator wrote it; ``dialect``; ``path`` for SQLite files."""
+
+    raw: str
+    dialect: Dialect
+    path: Path | None = None
+
+    @classmethod
+    def parse(cls, raw: str, *, field: str = "url", base_dir: str | Path = ".") -> DatabaseUrl:
+        """Parse ``raw``; a ValueError names ``field`` and the accepted forms."""
+        scheme, sep, rest = raw.partition("://")
+        dialect = _SCHEMES.get(scheme.lower()) if sep else None
+        if dialect is None:
+            raise ValueError(f"{field} {raw!r}: {_FORMS}")
+        if dialect == "sqlite":
+            if not rest.startswith("/") or len(rest) < 2:
+                raise ValueError(f"{field} {raw!r}: a SQLite URL is sqlite:///PATH")
+            p = Path(rest[1:])
+            return cls(raw, dialect, p if p.is_absolute() else Path(base_dir) / p)
+        if not rest:
+            raise ValueError(f"{field} {raw!r}: {_FORMS}")
+        return cls(raw, dialect)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.dialect == "sqlite"
+
+    @property
+    def sqlite_path(self) -> Path:
+        """The SQLite file; a ValueError for any other dialect."""
+        if self.path is None:
+            raise ValueError(f"{self.raw!r} is not a SQLite URL")
+        return self.path
+
+    def __str__(self) -> str:
+        return self.raw
