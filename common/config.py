@@ -25,12 +25,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
+from common.errors import TxreplError
+
 __all__ = ["ConfigError", "from_mapping", "load_toml", "parse_address"]
 
 T = TypeVar("T")
 
 
-class ConfigError(Exception):
+class ConfigError(TxreplError):
     """Bad configuration: the message names the file and the key."""
 
     def __init__(self, source: str, key: str, problem: str) -> None:

@@ -1,8 +1,15 @@
 """Errors shared by both daemons and the CLI.
 
-    TxreplError
-    ├── TransientError    worth retrying (connection lost, lock timeout, server busy)
-    └── PermanentError    retrying will not help; stop and tell the operator
+    TxreplError                  root of every error txrepl raises on purpose
+    ├── TransientError           worth retrying (connection lost, lock timeout, busy)
+    ├── PermanentError           retrying will not help; stop and tell the operator
+    └── ConfigError              bad configuration, naming file and key (common.config)
+
+Each package roots its own tree here and draws it in its ``errors.py``:
+``publisher.errors`` (capture, feeds), ``publisher.log.errors`` (the log),
+``subscriber.errors`` (the connection loop), ``subscriber.apply.errors`` (the
+apply and its targets).  An error that may pass by retrying also derives from
+:class:`TransientError`, whichever tree it belongs to.
 
 gRPC errors are translated here for people: :func:`describe_rpc_error`.
 """
