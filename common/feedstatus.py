@@ -76,29 +76,27 @@ def cut_metadata(kind: CutKind) -> tuple[tuple[str, str]]:
     return ((CUT_KEY, pb.CutKind.Name(kind)),)
 
 
-def _lookup(metadata: Iterable[tuple[str, str | bytes]] | None, key: str) -> str:
+def _name(
+    metadata: Iterable[tuple[str, str | bytes]] | None, key: str, known: Iterable[str]
+) -> str:
+    """The value of ``key`` if it is one of the ``known`` names, else ''."""
     for k, v in metadata or ():
         if k == key:
-            return v.decode("ascii", "replace") if isinstance(v, bytes) else v
+            name = v.decode("ascii", "replace") if isinstance(v, bytes) else v
+            return name if name in known else ""
     return ""
 
 
 def refusal_kind(metadata: Iterable[tuple[str, str | bytes]] | None) -> RefusalKind:
     """The refusal kind in a stream's trailing metadata; UNSPECIFIED if none or unknown."""
-    name = _lookup(metadata, REFUSAL_KEY)
-    try:
-        return pb.RefusalKind.Value(name)
-    except ValueError:
-        return pb.REFUSAL_KIND_UNSPECIFIED
+    name = _name(metadata, REFUSAL_KEY, pb.RefusalKind.keys())
+    return pb.RefusalKind.Value(name) if name else pb.REFUSAL_KIND_UNSPECIFIED
 
 
 def cut_kind(metadata: Iterable[tuple[str, str | bytes]] | None) -> CutKind:
     """The cut kind in a stream's trailing metadata; UNSPECIFIED if none or unknown."""
-    name = _lookup(metadata, CUT_KEY)
-    try:
-        return pb.CutKind.Value(name)
-    except ValueError:
-        return pb.CUT_KIND_UNSPECIFIED
+    name = _name(metadata, CUT_KEY, pb.CutKind.keys())
+    return pb.CutKind.Value(name) if name else pb.CUT_KIND_UNSPECIFIED
 
 
 def cut_label(kind: CutKind) -> str:

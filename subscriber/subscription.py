@@ -106,7 +106,7 @@ class SubscriptionRunner:
         self.runs = 0
         self._run_done = False
 
-    # -- what callers read (the control service, metrics, tests) ------------------------
+    # -- what callers read (metrics, tests; the rest through status()) ------------------
 
     @property
     def state(self) -> str:
@@ -121,16 +121,8 @@ class SubscriptionRunner:
         return self.st.head
 
     @property
-    def incarnation(self) -> str:
-        return self.st.incarnation
-
-    @property
     def timeline(self) -> list[tuple[float, str, str]]:
         return self.st.timeline
-
-    @property
-    def last_error(self) -> str:
-        return self.st.last_error
 
     @property
     def applied_entries(self) -> int:
@@ -139,10 +131,6 @@ class SubscriptionRunner:
     @property
     def applied_rows(self) -> int:
         return self.st.applied_rows
-
-    @property
-    def sessions(self) -> int:
-        return self.st.sessions
 
     def status(self) -> pb.SubscriptionStatus:
         return self.st.status(self.config.publisher, self.config.publication)
