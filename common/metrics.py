@@ -73,7 +73,7 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "txrepl_feed_cuts": (
         "counter",
         ("publication", "reason"),
-        "feed cuts since start, by reason class",
+        "feed cuts since start, by kind (CutKind: queue_threshold, send_timeout, ...)",
     ),
     "txrepl_feed_queue_entries": (
         "gauge",

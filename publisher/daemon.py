@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from common import metrics
+from common.feedstatus import CutKind, cut_label
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
@@ -67,25 +68,16 @@ log = structlog.get_logger(__name__)
 SUBSCRIBER_STATES = ("disconnected", "syncing", "in_sync", "invalid")
 
 
-def cut_class(reason: str) -> str:
-    """A small, fixed label for a cut reason ('queue threshold: 12 > 10' → 'queue_threshold')."""
-    head = reason.split(":", 1)[0].strip().lower()
-    for cls in ("queue threshold", "send timeout", "publisher shutting down"):
-        if head.startswith(cls):
-            return cls.replace(" ", "_")
-    return "purged" if "purged" in head else "other"
-
-
 class MeteredRegistry(Registry):
-    """The registry, counting cuts by reason class as the feed records them."""
+    """The registry, counting cuts by kind (its metric label) as the feed records them."""
 
     def __init__(self, url: str) -> None:
         super().__init__(url)
         self.cuts_by_reason: dict[tuple[str, str], int] = {}
 
-    def record_cut(self, publication: str, subscriber: str, reason: str) -> None:
-        super().record_cut(publication, subscriber, reason)
-        key = (publication, cut_class(reason))
+    def record_cut(self, publication: str, subscriber: str, kind: CutKind, reason: str) -> None:
+        super().record_cut(publication, subscriber, kind, reason)
+        key = (publication, cut_label(kind))
         self.cuts_by_reason[key] = self.cuts_by_reason.get(key, 0) + 1
 
 
@@ -182,16 +174,22 @@ class SyncAuthorizer:
         token = token_from_metadata(context.invocation_metadata()) or hello.token
         principal = self.book.identify(token)
         if principal is None:
-            raise FeedRefused(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing token")
+            raise FeedRefused(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "unknown or missing token",
+                kind=pb.REFUSAL_KIND_UNAUTHENTICATED,
+            )
         if principal.role != "subscriber" or principal.name != hello.subscriber:
             raise FeedRefused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"this token is not subscriber {hello.subscriber!r}'s",
+                kind=pb.REFUSAL_KIND_PERMISSION_DENIED,
             )
         if not principal.may_use(hello.publication):
             raise FeedRefused(
                 grpc.StatusCode.PERMISSION_DENIED,
                 f"subscriber {hello.subscriber!r} is not granted publication {hello.publication!r}",
+                kind=pb.REFUSAL_KIND_PERMISSION_DENIED,
             )
 
 

@@ -21,18 +21,21 @@ Checks on Hello, in order, each with its own status code:
   unknown publication .................. NOT_FOUND
   incarnation differs .................. FAILED_PRECONDITION (names both ids)
   level > head (subscriber ahead) ...... OUT_OF_RANGE (logged loudly)
-  subscriber marked invalid ............ PERMISSION_DENIED? no: FAILED_PRECONDITION
-                                          with "invalid" — see INVALID_PREFIX
+  subscriber marked invalid ............ FAILED_PRECONDITION (REFUSAL_KIND_INVALID)
   next entry purged .................... marked invalid, then as above
   head - level > max_delta ............. marked invalid, then as above
+
+Each refusal also carries its RefusalKind, and each cut its CutKind, in the
+trailing metadata (common.feedstatus): the subscriber and the metrics read the
+kind; the message is for people.
 
 The "queue" of an in-sync feed is the stretch of the log between the level
 the subscriber last acknowledged and the head: committed entries it has not yet
 applied, whether they still wait in the log or sit in transport buffers (which
 HTTP/2 flow control bounds).  Entries wait in the log itself, so a slow feed
 costs no memory on the publisher and a cut loses nothing (the subscriber
-resumes from its level).  A cut ends the stream with ABORTED and the reason; it
-is counted and recorded in the registry.
+resumes from its level).  A cut ends the stream with ABORTED, the reason and its
+CutKind; it is counted (by kind) and recorded in the registry.
 
 Max delta is checked on every sync request.  An operator's mark-valid waives
 it once: the subscriber may then catch up however far behind it is, and the
@@ -55,6 +58,14 @@ import grpc
 import structlog
 
 from common.errors import overlong
+from common.feedstatus import (
+    CUT_PREFIX,
+    REFUSAL_CODES,
+    CutKind,
+    RefusalKind,
+    cut_metadata,
+    refusal_metadata,
+)
 from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
 from publisher.errors import FeedRefused
@@ -66,8 +77,20 @@ __all__ = ["CUT_PREFIX", "INVALID_PREFIX", "Feed", "FeedManager"]
 
 log = structlog.get_logger(__name__)
 
-INVALID_PREFIX = "subscriber is invalid"
-CUT_PREFIX = "feed cut"
+INVALID_PREFIX = "subscriber is invalid"  # the message of REFUSAL_KIND_INVALID starts so
+
+
+def _refused(kind: RefusalKind, message: str) -> FeedRefused:
+    """A refusal of ``kind``, with the status code the wire contract gives it."""
+    return FeedRefused(REFUSAL_CODES[kind], message, kind=kind)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Why a feed ended: its kind (programs) and its reason (people)."""
+
+    kind: CutKind
+    reason: str
 
 
 @dataclass(eq=False)
@@ -119,12 +142,18 @@ class FeedManager:
         try:
             first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
         except TimeoutError:
-            await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no Hello within the timeout")
+            await context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                "no Hello within the timeout",
+                refusal_metadata(pb.REFUSAL_KIND_HELLO_TIMEOUT),
+            )
         except StopAsyncIteration:
             return
         if isinstance(first, Malformed):
             await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"malformed request message: {first.error}"
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"malformed request message: {first.error}",
+                refusal_metadata(pb.REFUSAL_KIND_MALFORMED),
             )
         try:
             feed = await self._accept(first, context)
@@ -139,11 +168,14 @@ class FeedManager:
             # abort can surface as INTERNAL "Internal error from Core" instead.
             context.set_code(refused.code)
             context.set_details(refused.message)
+            if refused.kind != pb.REFUSAL_KIND_UNSPECIFIED:
+                context.set_trailing_metadata(refusal_metadata(refused.kind))
             return
         self.feeds.add(feed)
         acks = asyncio.create_task(self._read_acks(feed, requests))
         try:
-            reason = await self._stream(feed, context)
+            cut = await self._stream(feed, context)
+            reason = cut.reason if cut else ""
         except asyncio.CancelledError:
             reason = "subscriber went away"
             raise
@@ -165,11 +197,12 @@ class FeedManager:
             subscriber=feed.subscriber,
             reason=reason,
         )
-        if reason:
+        if cut:
             # set_code + return rather than abort(): the stream has a reader task that
             # was just cancelled, and the status must still reach the subscriber.
             context.set_code(grpc.StatusCode.ABORTED)
-            context.set_details(f"{CUT_PREFIX}: {reason}")
+            context.set_details(f"{CUT_PREFIX}: {cut.reason}")
+            context.set_trailing_metadata(cut_metadata(cut.kind))
 
     async def _accept(
         self,
@@ -177,9 +210,7 @@ class FeedManager:
         context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> Feed:
         if not msg.HasField("hello"):
-            raise FeedRefused(
-                grpc.StatusCode.INVALID_ARGUMENT, "the first message of Sync must be a Hello"
-            )
+            raise _refused(pb.REFUSAL_KIND_MALFORMED, "the first message of Sync must be a Hello")
         hello = msg.hello
         problem = overlong(
             subscriber=hello.subscriber,
@@ -188,22 +219,22 @@ class FeedManager:
             incarnation=hello.incarnation,
         )
         if problem:
-            raise FeedRefused(grpc.StatusCode.INVALID_ARGUMENT, f"Hello: {problem}")
+            raise _refused(pb.REFUSAL_KIND_MALFORMED, f"Hello: {problem}")
         if not hello.subscriber or not hello.publication:
-            raise FeedRefused(
-                grpc.StatusCode.INVALID_ARGUMENT, "Hello needs a subscriber name and a publication"
+            raise _refused(
+                pb.REFUSAL_KIND_MALFORMED, "Hello needs a subscriber name and a publication"
             )
         if hello.publisher and hello.publisher != self.server_name:
-            raise FeedRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise _refused(
+                pb.REFUSAL_KIND_WRONG_PUBLISHER,
                 f"this is publisher {self.server_name!r}, not {hello.publisher!r}: "
                 "check the subscription's publisher name and address",
             )
         pub = self.publications.get(hello.publication)
         if pub is None:
             known = ", ".join(sorted(self.publications)) or "none"
-            raise FeedRefused(
-                grpc.StatusCode.NOT_FOUND,
+            raise _refused(
+                pb.REFUSAL_KIND_UNKNOWN_PUBLICATION,
                 f"publication {hello.publication!r} not found on publisher "
                 f"{self.server_name!r} (known: {known})",
             )
@@ -211,8 +242,8 @@ class FeedManager:
             self.authorize(hello, context)
         plog = pub.log
         if hello.incarnation and hello.incarnation != plog.incarnation:
-            raise FeedRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise _refused(
+                pb.REFUSAL_KIND_INCARNATION_CHANGED,
                 f"publication {pub.name!r} has incarnation {plog.incarnation}, the subscriber "
                 f"has {hello.incarnation}: the publication was re-created; re-initialise the "
                 "subscriber",
@@ -227,8 +258,8 @@ class FeedManager:
                 sync_level=hello.level,
                 head=head,
             )
-            raise FeedRefused(
-                grpc.StatusCode.OUT_OF_RANGE,
+            raise _refused(
+                pb.REFUSAL_KIND_AHEAD_OF_HEAD,
                 f"subscriber level {hello.level} is ahead of publication {pub.name!r} head "
                 f"{head}: the publisher lost entries or was restored; refusing to go back",
             )
@@ -239,8 +270,8 @@ class FeedManager:
             and await asyncio.to_thread(self.registry.get, pub.name, hello.subscriber) is None
         ):
             # A new subscriber after a purge: nothing to invalidate, it needs a snapshot.
-            raise FeedRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise _refused(
+                pb.REFUSAL_KIND_SNAPSHOT_REQUIRED,
                 f"snapshot required: entries 1..{plog.first_seq - 1} of {pub.name!r} were "
                 'purged; start this subscriber from a snapshot (initial = "auto" or '
                 "\"snapshot\", or 'txrepl subscriber reinit')",
@@ -249,8 +280,8 @@ class FeedManager:
             self.registry.ensure, pub.name, hello.subscriber, plog.incarnation, hello.level
         )
         if not reg.valid:
-            raise FeedRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise _refused(
+                pb.REFUSAL_KIND_INVALID,
                 f"{INVALID_PREFIX}: {reg.invalid_reason}; re-initialise it, then run "
                 f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
             )
@@ -272,8 +303,8 @@ class FeedManager:
                 subscriber=hello.subscriber,
                 reason=reason,
             )
-            raise FeedRefused(
-                grpc.StatusCode.FAILED_PRECONDITION,
+            raise _refused(
+                pb.REFUSAL_KIND_INVALID,
                 f"{INVALID_PREFIX}: {reason}; re-initialise it, then run "
                 f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
             )
@@ -331,8 +362,8 @@ class FeedManager:
         self,
         feed: Feed,
         context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
-    ) -> str:
-        """Run the feed; returns the cut reason, or '' when the subscriber left."""
+    ) -> Cut | None:
+        """Run the feed; returns the cut, or None when the subscriber left."""
         pub = feed.publication
         cfg = pub.config
         plog = pub.log
@@ -344,7 +375,7 @@ class FeedManager:
         welcome.welcome.first_retained = plog.first_seq
         welcome.welcome.state = pb.FEED_STATE_SYNCING
         if not await self._send(feed, context, welcome):
-            return "send timeout"
+            return Cut(pb.CUT_KIND_SEND_TIMEOUT, "send timeout")
         log.info(
             "feed started",
             publication=pub.name,
@@ -359,6 +390,7 @@ class FeedManager:
                 if feed.state == "in_sync" and head - feed.acked > cfg.queue_threshold:
                     return self._cut(
                         feed,
+                        pb.CUT_KIND_QUEUE_THRESHOLD,
                         f"queue threshold: {head - feed.acked} entries not yet applied "
                         f"> {cfg.queue_threshold}",
                     )
@@ -367,14 +399,18 @@ class FeedManager:
                         next_seq, max_entries=cfg.batch_entries, max_bytes=cfg.batch_bytes
                     )
                 except PurgedError:
-                    return self._cut(feed, f"entry {next_seq} was purged while sending")
+                    return self._cut(
+                        feed, pb.CUT_KIND_PURGED, f"entry {next_seq} was purged while sending"
+                    )
                 msg = pb.PublisherMessage()
                 msg.batch.first_seq = next_seq
                 msg.batch.entries.extend(payloads)
                 msg.batch.head = head
                 if not await self._send(feed, context, msg):
                     return self._cut(
-                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                        feed,
+                        pb.CUT_KIND_SEND_TIMEOUT,
+                        f"send timeout: a send blocked more than {cfg.send_timeout_s}s",
                     )
                 next_seq += len(payloads)
                 feed.last_sent = next_seq - 1
@@ -388,6 +424,7 @@ class FeedManager:
                 ):
                     return self._cut(
                         feed,
+                        pb.CUT_KIND_QUEUE_THRESHOLD,
                         f"queue threshold: {feed.inflight_bytes} bytes sent but not yet applied "
                         f"> {cfg.queue_threshold_bytes}",
                     )
@@ -398,7 +435,9 @@ class FeedManager:
                 msg.in_sync.head = head
                 if not await self._send(feed, context, msg):
                     return self._cut(
-                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                        feed,
+                        pb.CUT_KIND_SEND_TIMEOUT,
+                        f"send timeout: a send blocked more than {cfg.send_timeout_s}s",
                     )
                 await asyncio.to_thread(
                     self.registry.set_state, pub.name, feed.subscriber, "in_sync"
@@ -414,9 +453,11 @@ class FeedManager:
                 msg.heartbeat.time_us = int(time.time() * 1_000_000)
                 if not await self._send(feed, context, msg):
                     return self._cut(
-                        feed, f"send timeout: a send blocked more than {cfg.send_timeout_s}s"
+                        feed,
+                        pb.CUT_KIND_SEND_TIMEOUT,
+                        f"send timeout: a send blocked more than {cfg.send_timeout_s}s",
                     )
-        return self._cut(feed, "publisher shutting down")
+        return self._cut(feed, pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN, "publisher shutting down")
 
     async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
         """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
@@ -430,16 +471,17 @@ class FeedManager:
                 waiter.cancel()
         return int(plog.head)  # type: ignore[attr-defined]
 
-    def _cut(self, feed: Feed, reason: str) -> str:
+    def _cut(self, feed: Feed, kind: CutKind, reason: str) -> Cut:
         pub = feed.publication
         log.warning(
             "feed cut",
             publication=pub.name,
             subscriber=feed.subscriber,
             reason=reason,
+            kind=pb.CutKind.Name(kind),
             sent=feed.last_sent,
             acked=feed.acked,
             head=pub.log.head,
         )
-        self.registry.record_cut(pub.name, feed.subscriber, reason)
-        return reason
+        self.registry.record_cut(pub.name, feed.subscriber, kind, reason)
+        return Cut(kind, reason)

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
+from common.feedstatus import CutKind
+
 __all__ = ["Registry", "SubscriberRow"]
 
 _meta = sa.MetaData()
@@ -160,7 +162,8 @@ class Registry:
     def set_level(self, publication: str, subscriber: str, level: int, incarnation: str) -> None:
         self._update(publication, subscriber, level=level, incarnation=incarnation)
 
-    def record_cut(self, publication: str, subscriber: str, reason: str) -> None:
+    def record_cut(self, publication: str, subscriber: str, kind: CutKind, reason: str) -> None:
+        """Count a cut; ``kind`` is for subclasses that label it (the text is kept)."""
         with self._lock, self.engine.begin() as c:
             c.execute(
                 subscribers.update()

@@ -30,6 +30,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from common.backoff import Backoff
 from common.config import load_toml, parse_address
 from common.security import ClientTls, ServerTls, check_hash, check_listen
 from subscriber.schedule import Schedule
@@ -138,27 +139,8 @@ class BatchConfig:
             raise ValueError(f"max_delay_ms must be between 0 and 60000, not {self.max_delay_ms}")
 
 
-@dataclasses.dataclass(frozen=True)
-class BackoffConfig:
-    """Jittered, capped exponential backoff between reconnect attempts."""
-
-    initial_s: float = 0.2
-    max_s: float = 15.0
-    multiplier: float = 2.0
-    jitter: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.initial_s <= 0 or self.max_s < self.initial_s:
-            raise ValueError("need 0 < initial_s <= max_s")
-        if self.multiplier < 1:
-            raise ValueError("multiplier must be at least 1")
-        if not 0 <= self.jitter <= 1:
-            raise ValueError("jitter must be between 0 and 1")
-
-    def delay(self, failures: int, rand: float) -> float:
-        """Delay before attempt number ``failures`` (1-based); ``rand`` in [0, 1)."""
-        base = min(self.max_s, self.initial_s * self.multiplier ** max(0, failures - 1))
-        return base * (1 - self.jitter + 2 * self.jitter * rand)
+# ``[backoff]``: between reconnect attempts; the one backoff value of every retry loop.
+BackoffConfig = Backoff
 
 
 @dataclasses.dataclass(frozen=True)

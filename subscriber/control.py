@@ -9,7 +9,7 @@ import grpc
 from common.errors import MAX_NAME
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from subscriber.connection import SubscriptionRunner
+from subscriber.subscription import SubscriptionRunner
 
 __all__ = ["ControlService"]
 

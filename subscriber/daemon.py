@@ -57,8 +57,8 @@ from subscriber.apply import (
     open_writer,
 )
 from subscriber.config import SubscriberConfig, SubscriptionConfig
-from subscriber.connection import STATES, SubscriptionRunner
 from subscriber.control import ControlService
+from subscriber.subscription import STATES, SubscriptionRunner
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -33,6 +33,7 @@ class RawSubscriber:
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     code: grpc.StatusCode | None = None
     details: str = ""
+    trailing: tuple[tuple[str, str | bytes], ...] = ()  # the status's trailing metadata
     batches: int = 0
     _task: asyncio.Task[None] | None = None
     _channel: grpc.aio.Channel | None = None
@@ -93,6 +94,7 @@ class RawSubscriber:
             with contextlib.suppress(Exception):
                 self.code = await self._call.code()
                 self.details = await self._call.details() or ""
+                self.trailing = tuple(await self._call.trailing_metadata() or ())
             self.ended.set()
 
     async def wait_ended(self, timeout: float = 30) -> tuple[grpc.StatusCode | None, str]:

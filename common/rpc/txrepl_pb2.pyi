@@ -105,6 +105,112 @@ FEED_STATE_SYNCING: FeedState.ValueType  # 1
 FEED_STATE_IN_SYNC: FeedState.ValueType  # 2
 Global___FeedState: _TypeAlias = FeedState  # noqa: Y015
 
+class _RefusalKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _RefusalKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_RefusalKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    REFUSAL_KIND_UNSPECIFIED: _RefusalKind.ValueType  # 0
+    REFUSAL_KIND_MALFORMED: _RefusalKind.ValueType  # 1
+    """INVALID_ARGUMENT: not a Hello first, bad names"""
+    REFUSAL_KIND_HELLO_TIMEOUT: _RefusalKind.ValueType  # 2
+    """DEADLINE_EXCEEDED: no Hello in time"""
+    REFUSAL_KIND_WRONG_PUBLISHER: _RefusalKind.ValueType  # 3
+    """FAILED_PRECONDITION: Hello names another publisher"""
+    REFUSAL_KIND_UNKNOWN_PUBLICATION: _RefusalKind.ValueType  # 4
+    """NOT_FOUND (may be configured later: retry)"""
+    REFUSAL_KIND_UNAUTHENTICATED: _RefusalKind.ValueType  # 5
+    """UNAUTHENTICATED: unknown or missing token"""
+    REFUSAL_KIND_PERMISSION_DENIED: _RefusalKind.ValueType  # 6
+    """PERMISSION_DENIED: token not this subscriber's,"""
+    REFUSAL_KIND_INCARNATION_CHANGED: _RefusalKind.ValueType  # 7
+    """or publication not granted
+    FAILED_PRECONDITION: the publication was re-created
+    """
+    REFUSAL_KIND_AHEAD_OF_HEAD: _RefusalKind.ValueType  # 8
+    """OUT_OF_RANGE: subscriber level > publication head"""
+    REFUSAL_KIND_SNAPSHOT_REQUIRED: _RefusalKind.ValueType  # 9
+    """FAILED_PRECONDITION: a new subscriber's seq 1"""
+    REFUSAL_KIND_INVALID: _RefusalKind.ValueType  # 10
+    """was purged; load a snapshot
+    FAILED_PRECONDITION: subscriber marked invalid
+    """
+
+class RefusalKind(_RefusalKind, metaclass=_RefusalKindEnumTypeWrapper):
+    """Why the publisher refused a Sync before its Welcome.  The stream ends with
+    the gRPC status code listed for each kind and a message for people in the
+    status details; the kind travels in the trailing metadata under the key
+    "txrepl-refusal-kind", its value the enum value's name (for example
+    "REFUSAL_KIND_INVALID").  Subscribers classify refusals by this kind, never
+    by the text of the message.  A missing or unknown kind (a refusal from
+    outside the feed, such as the authentication interceptor, or a newer
+    publisher) reads as REFUSAL_KIND_UNSPECIFIED: classify by the status code.
+    """
+
+REFUSAL_KIND_UNSPECIFIED: RefusalKind.ValueType  # 0
+REFUSAL_KIND_MALFORMED: RefusalKind.ValueType  # 1
+"""INVALID_ARGUMENT: not a Hello first, bad names"""
+REFUSAL_KIND_HELLO_TIMEOUT: RefusalKind.ValueType  # 2
+"""DEADLINE_EXCEEDED: no Hello in time"""
+REFUSAL_KIND_WRONG_PUBLISHER: RefusalKind.ValueType  # 3
+"""FAILED_PRECONDITION: Hello names another publisher"""
+REFUSAL_KIND_UNKNOWN_PUBLICATION: RefusalKind.ValueType  # 4
+"""NOT_FOUND (may be configured later: retry)"""
+REFUSAL_KIND_UNAUTHENTICATED: RefusalKind.ValueType  # 5
+"""UNAUTHENTICATED: unknown or missing token"""
+REFUSAL_KIND_PERMISSION_DENIED: RefusalKind.ValueType  # 6
+"""PERMISSION_DENIED: token not this subscriber's,"""
+REFUSAL_KIND_INCARNATION_CHANGED: RefusalKind.ValueType  # 7
+"""or publication not granted
+FAILED_PRECONDITION: the publication was re-created
+"""
+REFUSAL_KIND_AHEAD_OF_HEAD: RefusalKind.ValueType  # 8
+"""OUT_OF_RANGE: subscriber level > publication head"""
+REFUSAL_KIND_SNAPSHOT_REQUIRED: RefusalKind.ValueType  # 9
+"""FAILED_PRECONDITION: a new subscriber's seq 1"""
+REFUSAL_KIND_INVALID: RefusalKind.ValueType  # 10
+"""was purged; load a snapshot
+FAILED_PRECONDITION: subscriber marked invalid
+"""
+Global___RefusalKind: _TypeAlias = RefusalKind  # noqa: Y015
+
+class _CutKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _CutKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_CutKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CUT_KIND_UNSPECIFIED: _CutKind.ValueType  # 0
+    CUT_KIND_QUEUE_THRESHOLD: _CutKind.ValueType  # 1
+    """unapplied entries or bytes over the threshold"""
+    CUT_KIND_SEND_TIMEOUT: _CutKind.ValueType  # 2
+    """a send blocked longer than send_timeout_s"""
+    CUT_KIND_PURGED: _CutKind.ValueType  # 3
+    """the next entry was purged while sending"""
+    CUT_KIND_PUBLISHER_SHUTTING_DOWN: _CutKind.ValueType  # 4
+    """the publisher is stopping"""
+
+class CutKind(_CutKind, metaclass=_CutKindEnumTypeWrapper):
+    """Why the publisher cut a running feed.  The stream ends with status ABORTED,
+    the details "feed cut: <reason>", and the kind in the trailing metadata under
+    the key "txrepl-cut-kind" (the enum value's name).  The subscriber resumes
+    from its level whatever the kind.  The publisher's metric label for a kind is
+    its name without the prefix, in lower case ("queue_threshold"), and "other"
+    for CUT_KIND_UNSPECIFIED.
+    """
+
+CUT_KIND_UNSPECIFIED: CutKind.ValueType  # 0
+CUT_KIND_QUEUE_THRESHOLD: CutKind.ValueType  # 1
+"""unapplied entries or bytes over the threshold"""
+CUT_KIND_SEND_TIMEOUT: CutKind.ValueType  # 2
+"""a send blocked longer than send_timeout_s"""
+CUT_KIND_PURGED: CutKind.ValueType  # 3
+"""the next entry was purged while sending"""
+CUT_KIND_PUBLISHER_SHUTTING_DOWN: CutKind.ValueType  # 4
+"""the publisher is stopping"""
+Global___CutKind: _TypeAlias = CutKind  # noqa: Y015
+
 @_typing.final
 class Value(_message.Message):
     """---------------------------------------------------------------------------

@@ -57,8 +57,9 @@ class ReplicationServicer:
     def Sync(self, request_iterator, context):
         """Hello first, then Acks.  The publisher answers Welcome, then Batches,
         InSync once at the head, more Batches as entries commit, and Heartbeats
-        when idle.  A cut ends the stream with status ABORTED / UNAVAILABLE and a
-        reason in the details; the subscriber resumes later from its level.
+        when idle.  A refusal ends the stream with a status and a RefusalKind, a cut
+        with ABORTED and a CutKind (both in trailing metadata, see the enums); a
+        lost connection with UNAVAILABLE.  The subscriber resumes later from its level.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

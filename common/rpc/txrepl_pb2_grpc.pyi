@@ -38,8 +38,9 @@ class ReplicationStub:
     Sync: _grpc.StreamStreamMultiCallable[_txrepl_pb2.SubscriberMessage, _txrepl_pb2.PublisherMessage]
     """Hello first, then Acks.  The publisher answers Welcome, then Batches,
     InSync once at the head, more Batches as entries commit, and Heartbeats
-    when idle.  A cut ends the stream with status ABORTED / UNAVAILABLE and a
-    reason in the details; the subscriber resumes later from its level.
+    when idle.  A refusal ends the stream with a status and a RefusalKind, a cut
+    with ABORTED and a CutKind (both in trailing metadata, see the enums); a
+    lost connection with UNAVAILABLE.  The subscriber resumes later from its level.
     """
     Publish: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.PublishRequest, _txrepl_pb2.PublishResponse]
     Snapshot: _grpc.UnaryStreamMultiCallable[_txrepl_pb2.SnapshotRequest, _txrepl_pb2.SnapshotChunk]
@@ -51,8 +52,9 @@ class ReplicationAsyncStub(ReplicationStub):
     Sync: _aio.StreamStreamMultiCallable[_txrepl_pb2.SubscriberMessage, _txrepl_pb2.PublisherMessage]  # type: ignore[assignment]
     """Hello first, then Acks.  The publisher answers Welcome, then Batches,
     InSync once at the head, more Batches as entries commit, and Heartbeats
-    when idle.  A cut ends the stream with status ABORTED / UNAVAILABLE and a
-    reason in the details; the subscriber resumes later from its level.
+    when idle.  A refusal ends the stream with a status and a RefusalKind, a cut
+    with ABORTED and a CutKind (both in trailing metadata, see the enums); a
+    lost connection with UNAVAILABLE.  The subscriber resumes later from its level.
     """
     Publish: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.PublishRequest, _txrepl_pb2.PublishResponse]  # type: ignore[assignment]
     Snapshot: _aio.UnaryStreamMultiCallable[_txrepl_pb2.SnapshotRequest, _txrepl_pb2.SnapshotChunk]  # type: ignore[assignment]
@@ -67,8 +69,9 @@ class ReplicationServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_txrepl_pb2.PublisherMessage], _abc.AsyncIterator[_txrepl_pb2.PublisherMessage]]:
         """Hello first, then Acks.  The publisher answers Welcome, then Batches,
         InSync once at the head, more Batches as entries commit, and Heartbeats
-        when idle.  A cut ends the stream with status ABORTED / UNAVAILABLE and a
-        reason in the details; the subscriber resumes later from its level.
+        when idle.  A refusal ends the stream with a status and a RefusalKind, a cut
+        with ABORTED and a CutKind (both in trailing metadata, see the enums); a
+        lost connection with UNAVAILABLE.  The subscriber resumes later from its level.
         """
 
     @_abc_1.abstractmethod

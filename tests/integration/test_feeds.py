@@ -17,6 +17,7 @@ import grpc
 import pytest
 
 from common.client import PublishClient, insert_op, schema_op
+from common.feedstatus import cut_kind, refusal_kind
 from common.rpc import txrepl_pb2 as pb
 from tests.feedclient import RawSubscriber
 from tests.harness import Daemon, publication_head, publisher_admin, to_toml
@@ -106,10 +107,13 @@ async def test_refusals_have_distinct_statuses_and_other_feeds_keep_flowing(pub:
     incarnation = good.welcome.incarnation
     head = pub.head()
 
+    kinds = []  # each refusal's RefusalKind, from the trailing metadata
+
     async def refused(sub: RawSubscriber, first: pb.SubscriberMessage | None = None) -> tuple:
         await sub.start(first)
         code, details = await sub.wait_ended()
         await sub.close()
+        kinds.append(refusal_kind(sub.trailing))
         return code, details
 
     code, details = await refused(RawSubscriber(pub.address, "s1", publication="nosuch"))
@@ -129,6 +133,13 @@ async def test_refusals_have_distinct_statuses_and_other_feeds_keep_flowing(pub:
     assert "must be a Hello" in details
     code, _ = await refused(RawSubscriber(pub.address, "s5", publisher="pub2"))
     assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert kinds == [
+        pb.REFUSAL_KIND_UNKNOWN_PUBLICATION,
+        pb.REFUSAL_KIND_INCARNATION_CHANGED,
+        pb.REFUSAL_KIND_AHEAD_OF_HEAD,
+        pb.REFUSAL_KIND_MALFORMED,
+        pb.REFUSAL_KIND_WRONG_PUBLISHER,
+    ]
 
     # The good feed kept flowing all along.
     new_head = pub.publish("shop", 5, start=100)
@@ -149,6 +160,7 @@ async def test_max_delta_marks_invalid_until_mark_valid(pub: Pub) -> None:
     assert code == grpc.StatusCode.FAILED_PRECONDITION
     assert "subscriber is invalid" in details
     assert "max_delta" in details
+    assert refusal_kind(lagger.trailing) == pb.REFUSAL_KIND_INVALID
     info = pub.subscribers()["lagger"]
     assert not info.valid
     assert info.state == "invalid"
@@ -198,6 +210,7 @@ async def test_in_sync_feed_that_does_not_ack_is_cut_by_queue_threshold(pub: Pub
     await slow.close()
     assert code == grpc.StatusCode.ABORTED
     assert "queue threshold" in details
+    assert cut_kind(slow.trailing) == pb.CUT_KIND_QUEUE_THRESHOLD
     info = pub.subscribers()["slow"]
     assert info.cuts == 1
     assert "queue threshold" in info.last_cut_reason
@@ -338,16 +351,15 @@ def bulk_runner(
 ) -> tuple[Any, HeldApplier, asyncio.Task[None]]:
     """A running subscription to "bulk" (``backlog`` entries published first) through a
     HeldApplier."""
+    from common.backoff import Backoff
     from subscriber.apply import Applier, SqliteWriter
-    from subscriber.config import BackoffConfig, SubscriptionConfig
-    from subscriber.connection import SubscriptionRunner
+    from subscriber.config import SubscriptionConfig
+    from subscriber.subscription import SubscriptionRunner
 
     pub.publish("bulk", backlog)
     config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")
     held = HeldApplier(Applier(spark, SqliteWriter(str(tmp_path / "target.db")), config.id))
-    runner = SubscriptionRunner(
-        config, "bulk-sub", cast(Any, held), batch=batch, backoff=BackoffConfig()
-    )
+    runner = SubscriptionRunner(config, "bulk-sub", cast(Any, held), batch=batch, backoff=Backoff())
     return runner, held, asyncio.create_task(runner.run())
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from common.backoff import Backoff
 from subscriber.apply import Applier, SqliteWriter
-from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
-from subscriber.connection import SubscriptionRunner
+from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.schedule import FakeClock, Schedule
+from subscriber.subscription import SubscriptionRunner
 from tests.harness import Pair
 from tests.integration.test_end_to_end import ledger_source, ledger_txns
 
@@ -63,7 +64,7 @@ async def test_connects_at_scheduled_times_syncs_then_disconnects(tmp_path: Path
             "sub1",
             applier,
             batch=BatchConfig(),
-            backoff=BackoffConfig(initial_s=0.05, max_s=0.2),
+            backoff=Backoff(initial_s=0.05, max_s=0.2),
             clock=clock,
         )
         task = asyncio.create_task(runner.run())

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from common.backoff import Backoff
 from common.config import ConfigError
 from publisher.config import load_config as load_publisher
-from subscriber.config import BackoffConfig
 from subscriber.config import load_config as load_subscriber
 
 PUB = """
@@ -106,12 +106,24 @@ def test_environment_overrides(tmp_path: Path) -> None:
 
 
 def test_backoff_is_capped_and_jittered() -> None:
-    b = BackoffConfig(initial_s=0.5, max_s=4.0, multiplier=2.0, jitter=0.25)
+    b = Backoff(initial_s=0.5, max_s=4.0, multiplier=2.0, jitter=0.25)
     assert b.delay(1, 0.5) == pytest.approx(0.5)
     assert b.delay(3, 0.5) == pytest.approx(2.0)
     assert b.delay(30, 0.5) == pytest.approx(4.0)
     assert b.delay(30, 0.0) == pytest.approx(3.0)
     assert b.delay(30, 0.999) == pytest.approx(5.0, rel=0.01)
+
+
+def test_backoff_section_loads_into_the_shared_backoff_value(tmp_path: Path) -> None:
+    """[backoff] and its keys build a common.backoff.Backoff; a bad value names the section."""
+    text = SUB.replace(
+        "[[subscription]]", "[backoff]\ninitial_s = 0.1\nmax_s = 1.0\n\n[[subscription]]"
+    )
+    cfg = load_subscriber(_write(tmp_path, text))
+    assert cfg.backoff == Backoff(initial_s=0.1, max_s=1.0)
+    bad = SUB.replace("[[subscription]]", "[backoff]\njitter = 2\n\n[[subscription]]")
+    with pytest.raises(ConfigError, match="backoff"):
+        load_subscriber(_write(tmp_path, bad))
 
 
 def test_daemon_refuses_bad_config_at_start(tmp_path: Path) -> None:

@@ -17,8 +17,10 @@ import yaml
 
 from common.config import ConfigError
 from common.configcheck import detect_kind
+from common.feedstatus import cut_label
 from common.logging import configure_logging
 from common.metrics import METRICS
+from common.rpc import txrepl_pb2 as pb
 from common.security import (
     Principal,
     TokenBook,
@@ -29,7 +31,6 @@ from common.security import (
     verify_token,
 )
 from publisher.config import load_config as load_publisher
-from publisher.daemon import cut_class
 from subscriber.config import load_config as load_subscriber
 from tests.harness import ROOT
 
@@ -203,12 +204,12 @@ def test_secrets_are_masked_in_logs() -> None:
 
 
 def test_cut_reasons_become_few_labels() -> None:
-    """Cut reasons carry numbers; the metric label is a fixed class."""
-    assert cut_class("queue threshold: 12 entries not yet applied > 10") == "queue_threshold"
-    assert cut_class("send timeout: a send blocked more than 30.0s") == "send_timeout"
-    assert cut_class("publisher shutting down") == "publisher_shutting_down"
-    assert cut_class("entry 7 was purged while sending") == "purged"
-    assert cut_class("something new") == "other"
+    """Cut reasons carry numbers; the metric label is a fixed class, named by the cut's kind."""
+    assert cut_label(pb.CUT_KIND_QUEUE_THRESHOLD) == "queue_threshold"
+    assert cut_label(pb.CUT_KIND_SEND_TIMEOUT) == "send_timeout"
+    assert cut_label(pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN) == "publisher_shutting_down"
+    assert cut_label(pb.CUT_KIND_PURGED) == "purged"
+    assert cut_label(pb.CUT_KIND_UNSPECIFIED) == "other"
 
 
 # -- deploy/ ---------------------------------------------------------------------------------

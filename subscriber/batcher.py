@@ -1,0 +1,183 @@
+"""Between the stream and the apply: a bounded queue that coalesces batches.
+
+Back-pressure: received batches wait in a bounded queue (``queue_batches``);
+the receive loop blocks on a full queue (:meth:`Batcher.put`) and stops reading
+the stream, so a slow apply shows at the publisher as a slow feed, never as
+memory growth here.
+
+Coalescing: a batch that arrives while the previous one has not been taken by
+the apply yet (waiting for room in the queue, or queued) joins it (consecutive
+seqs), up to 1/``queue_batches`` of the batch limits (``max_entries``,
+``max_bytes``); only a full queue blocks the reading.  In sync the publisher
+sends entries one by one as they commit, so without this an apply would get at
+most ``queue_batches`` entries and fall behind a busy source however large
+``max_entries`` is.
+
+Memory: stays bounded by the same limits: the queue holds at most
+``queue_batches`` items of at most ``max_entries / queue_batches`` entries and
+``max_bytes / queue_batches`` bytes each (a larger incoming batch is queued in
+pieces), plus the one item waiting for room: about ``max_bytes`` in all.
+
+The apply takes work with :meth:`Batcher.gather`: everything that arrived while
+the last apply ran, up to ``max_entries`` / ``max_bytes``.  ``None`` in the
+queue ends the session (:meth:`end`, :meth:`drop`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from subscriber.config import BatchConfig
+from subscriber.errors import Interrupted
+from subscriber.state import SubscriptionState
+
+__all__ = ["Batcher", "Received"]
+
+
+@dataclass
+class Received:
+    """Consecutive entries received, waiting to be applied."""
+
+    first_seq: int
+    entries: list[bytes]
+    head: int
+    received_at: float = field(default_factory=time.monotonic)
+    size: int = 0  # bytes of the entries
+    taken: bool = False  # by the apply loop: nothing may join it any more
+
+
+class Batcher:
+    """One session's queue from the receive loop (one writer) to the apply (one reader)."""
+
+    def __init__(
+        self, batch: BatchConfig, state: SubscriptionState, interrupted: asyncio.Event
+    ) -> None:
+        self.batch = batch
+        self.state = state
+        self._interrupted = interrupted
+        self.queue: asyncio.Queue[Received | None] = asyncio.Queue(batch.queue_batches)
+        self.room_entries = max(1, batch.max_entries // batch.queue_batches)
+        self.room_bytes = max(1, batch.max_bytes // batch.queue_batches)
+        self._last: Received | None = None  # the newest item, queued or waiting for room
+        self._put: asyncio.Future[None] | None = None
+
+    # -- the receive side ----------------------------------------------------------
+
+    async def put(
+        self, first_seq: int, payloads: Sequence[bytes], head: int, consumer: asyncio.Task[None]
+    ) -> bool:
+        """Queue consecutive entries; False if ``consumer`` (the apply) ended first.
+
+        Blocks while the queue is full: back-pressure onto the stream.
+        """
+        # A batch larger than an item (the publisher's batch_entries above
+        # max_entries / queue_batches) is queued in pieces, so an apply never
+        # takes more than max_entries.
+        room = self.room_entries
+        payloads = list(payloads)
+        for i in range(0, len(payloads), room):
+            chunk = payloads[i : i + room]
+            size = sum(map(len, chunk))
+            last = self._last
+            if (
+                last is not None
+                and not last.taken
+                and len(last.entries) + len(chunk) <= room
+                and last.size + size <= self.room_bytes
+            ):
+                # Not taken by the apply yet: ride along (single threaded, so the
+                # apply cannot take it meanwhile).
+                last.entries.extend(chunk)
+                last.head = head
+                last.size += size
+                continue
+            if self._put is not None and not await self._put_done(self._put, consumer):
+                return False
+            self._last = Received(first_seq + i, chunk, head, size=size)
+            self._put = asyncio.ensure_future(self.queue.put(self._last))
+        return True
+
+    async def _put_done(self, put: asyncio.Future[None], consumer: asyncio.Task[None]) -> bool:
+        """Wait until ``put`` has queued its item; False if the apply ended first."""
+        if put.done():
+            return True
+        intr = asyncio.ensure_future(self._interrupted.wait())
+        waits: set[asyncio.Future[Any]] = {put, consumer, intr}
+        try:
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            intr.cancel()
+        if put in done:
+            return True
+        put.cancel()
+        if self._interrupted.is_set():
+            raise Interrupted()
+        return False
+
+    def close(self) -> None:
+        """The receive loop is ending: what was not queued is resent after the next Hello."""
+        if self._put is not None and not self._put.done():
+            self._put.cancel()
+
+    # -- the apply side ------------------------------------------------------------
+
+    def pending(self) -> bool:
+        return not self.queue.empty()
+
+    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int] | None:
+        """The next batch to apply, or None once the session ends.
+
+        Natural batching: everything that arrived while the last apply ran goes into
+        this one, up to the limits; with ``linger`` (in sync), waiting up to
+        ``max_delay_ms`` for more.
+        """
+        queue = self.queue
+        item = await queue.get()
+        if item is None:
+            return None
+        item.taken = True
+        first_seq = item.first_seq
+        payloads = list(item.entries)
+        size = item.size
+        deadline = time.monotonic() + self.batch.max_delay_ms / 1000
+        lingering = linger and self.batch.max_delay_ms > 0 and self.state.in_sync
+        while len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+            if queue.empty():
+                left = deadline - time.monotonic()
+                if not lingering or left <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(queue.get(), left)
+                except TimeoutError:
+                    break
+            else:
+                nxt = queue.get_nowait()
+            if nxt is None:
+                queue.put_nowait(None)
+                break
+            nxt.taken = True
+            payloads.extend(nxt.entries)
+            size += nxt.size
+        return first_seq, payloads, size
+
+    # -- ending ----------------------------------------------------------------------
+
+    def end(self) -> None:
+        """The apply returns once it reaches this point (a scheduled run is done)."""
+        with contextlib.suppress(asyncio.QueueFull):
+            self.queue.put_nowait(None)
+
+    def again(self) -> None:
+        """Put the end marker back: ``gather`` took it while planning ahead."""
+        self.queue.put_nowait(None)
+
+    def drop(self) -> None:
+        """Drop everything queued and end the apply: the next Hello resumes from the level."""
+        while not self.queue.empty():
+            self.queue.get_nowait()
+        self.queue.put_nowait(None)

@@ -1,0 +1,164 @@
+"""The apply pipeline of one session: take a batch, plan it, apply it, ack it.
+
+Loop::
+
+    gather (batcher) ─▶ plan ─▶ apply: rows + level in one target transaction
+         ▲                              │
+         └── ack(level) to the publisher ◀┘   then: in sync? a scheduled run ends
+
+Plan ahead (``plan_ahead``, while syncing): while batch *n* is written to the
+target, batch *n+1*, if it is already waiting in the queue, is taken and planned
+in another thread against *n*'s schemas (:meth:`Applier.plan`).  Nothing of
+*n+1* reaches the target before *n* commits: its write starts after, and
+re-checks the level in its own transaction.  If *n* fails, *n+1*'s plan is
+dropped with the session (the next Hello resumes from the applied level).
+
+Exactly once: the level lives in the target, written in the same transaction as
+the rows (subscriber/apply).  After any disconnect, batches received but not yet
+applied are dropped (:meth:`Batcher.drop`, :attr:`ApplyPipeline.ending`) and the
+next Hello carries the applied level, so the publisher resends from level + 1.
+A gap (first seq != expected) is refused by the stream before it gets here.
+The ack only lets the publisher's retention and status move on: a lost ack
+loses nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from subscriber.apply import AnyEntry, Applier, Planned, RawEntry
+from subscriber.batcher import Batcher
+from subscriber.config import BatchConfig
+from subscriber.state import SubscriptionState
+from subscriber.stream import FeedStream
+
+__all__ = ["ApplyPipeline"]
+
+log = structlog.get_logger(__name__)
+
+
+def _entries(payloads: list[bytes]) -> list[AnyEntry]:
+    # Parsed lazily: the apply walks the bytes (subscriber.apply.entry).
+    return [RawEntry(p) for p in payloads]
+
+
+class ApplyPipeline:
+    """Applies a session's batches in order and acks each once committed."""
+
+    def __init__(
+        self,
+        applier: Applier,
+        batch: BatchConfig,
+        state: SubscriptionState,
+        batcher: Batcher,
+        stream: FeedStream,
+        on_in_sync: Callable[[], bool],
+    ) -> None:
+        self.applier = applier
+        self.batch = batch
+        self.state = state
+        self.batcher = batcher
+        self.stream = stream
+        self.on_in_sync = on_in_sync  # True: the session ends (a scheduled run is done)
+        self.ending = False  # the session is ending: stop between batches
+
+    async def run(self) -> None:
+        """Apply batches until the batcher ends the session (or an apply fails)."""
+        batcher, st = self.batcher, self.state
+        ahead: tuple[int, int, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None = None
+        try:
+            while True:
+                planned: Planned | None = None
+                if ahead is not None:
+                    if self.ending:
+                        return  # dropped with the queue: resent after the next Hello
+                    first_seq, size, planning = ahead
+                    ahead = None
+                    started = time.monotonic()
+                    entries, planned = await planning
+                else:
+                    got = await batcher.gather(linger=True)
+                    if got is None:
+                        return
+                    first_seq, payloads, size = got
+                    started = time.monotonic()
+                    if (
+                        self.batch.plan_ahead
+                        and st.state == "syncing"
+                        and st.head >= first_seq + len(payloads)
+                    ):
+                        # More is coming: plan this one first, so the next can plan
+                        # while this one writes.
+                        entries, planned = await asyncio.to_thread(
+                            self._parse_and_plan, first_seq, payloads, None
+                        )
+                    else:
+                        entries = _entries(payloads)
+                writing = asyncio.ensure_future(
+                    asyncio.to_thread(
+                        self.applier.apply,
+                        first_seq,
+                        entries,
+                        incarnation=st.incarnation,
+                        planned=planned,
+                    )
+                )
+                if planned is not None and planned.error is None and not batcher.pending():
+                    await asyncio.sleep(0)  # let the receive loop queue what it holds
+                if planned is not None and planned.error is None and batcher.pending():
+                    got = await batcher.gather(linger=False)
+                    if got is None:
+                        batcher.again()  # seen again once this batch is acked
+                    else:
+                        nxt_first, nxt_payloads, nxt_size = got
+                        ahead = (
+                            nxt_first,
+                            nxt_size,
+                            asyncio.ensure_future(
+                                asyncio.to_thread(
+                                    self._parse_and_plan, nxt_first, nxt_payloads, planned
+                                )
+                            ),
+                        )
+                result = await writing
+                now = time.time()
+                st.level = result.level
+                st.applied_entries += len(entries)
+                st.applied_rows += result.rows
+                log.info(
+                    "batch applied",
+                    subscription=st.name,
+                    first_seq=first_seq,
+                    sync_level=st.level,
+                    entries=len(entries),
+                    rows=result.rows,
+                    bytes=size,
+                    seconds=round(time.monotonic() - started, 4),
+                    plan_seconds=round(result.plan_seconds, 4),
+                    # the apply call itself: the write, and the plan unless made ahead
+                    apply_seconds=round(result.seconds, 4),
+                    planned_ahead=result.planned_ahead,
+                    head=st.head,
+                    # source commit -> applied here, of the batch's newest and oldest entry
+                    lag_ms=round((now - entries[-1].commit_time_us / 1e6) * 1000, 1),
+                    oldest_ms=round((now - entries[0].commit_time_us / 1e6) * 1000, 1),
+                )
+                await self.stream.ack(st.level)
+                if st.at_head() and self.on_in_sync():
+                    return
+        finally:
+            if ahead is not None:
+                # A plan thread cannot be cancelled: let it end before the session does.
+                with contextlib.suppress(BaseException):
+                    await ahead[2]
+
+    def _parse_and_plan(
+        self, first_seq: int, payloads: list[bytes], after: Planned | None
+    ) -> tuple[list[AnyEntry], Planned]:
+        entries = _entries(payloads)
+        return entries, self.applier.plan(first_seq, entries, after=after)
