@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 
 ## demo: SQLite source -> publisher -> subscriber (Spark) -> SQLite target
 demo: $(VENV)/.installed
-	$(PY) -m tests.demo
+	$(PY) deploy/demo/demo.py
 
 ## test: the whole suite (unit, integration, chaos; slow ones included)
 test: $(VENV)/.installed
