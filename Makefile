@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 PROTO_SRC := proto/txrepl/v1/txrepl.proto
 RPC_DIR := common/rpc
 
-.PHONY: setup apt demo test test-fast test-slow lint proto proto-check bench clean
+.PHONY: setup apt demo test test-fast lint proto proto-check bench clean
 
 ## setup: system packages (Java, PostgreSQL, JDBC jars) and a virtualenv with txrepl
 setup: apt $(VENV)/.installed
