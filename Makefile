@@ -6,7 +6,7 @@ PIP := $(VENV)/bin/pip
 PROTO_SRC := proto/txrepl/v1/txrepl.proto
 RPC_DIR := common/rpc
 
-.PHONY: setup apt demo test test-fast test-slow lint proto proto-check bench clean
+.PHONY: setup apt demo test test-fast lint proto proto-check bench clean
 
 ## setup: system packages (Java, PostgreSQL, JDBC jars) and a virtualenv with txrepl
 setup: apt $(VENV)/.installed
@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 
 ## demo: SQLite source -> publisher -> subscriber (Spark) -> SQLite target
 demo: $(VENV)/.installed
-	$(PY) -m tests.demo
+	$(PY) deploy/demo/demo.py
 
 ## test: the whole suite (unit, integration, chaos; slow ones included)
 test: $(VENV)/.installed

@@ -13,6 +13,7 @@ pytest_plugins = [
 ]
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` deselection: a deselected twin does not count
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Drop short variants whose slow twin runs too; speed up the Spark drivers' start.
 

@@ -1,4 +1,4 @@
-"""Workload W1 (../shared/bench/W1.md) and source/target comparison helpers.
+"""Workload W1 (docs/benchmarks.md, "W1") and source/target comparison helpers.
 
 One ``random.Random(seed)`` drives everything, draws in the order W1 fixes, so
 the stream is the same on every machine and every dialect.

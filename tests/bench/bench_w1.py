@@ -1,4 +1,4 @@
-"""Workload W1 (../shared/bench/W1.md): txrepl against PostgreSQL's own logical replication.
+"""Workload W1 (docs/benchmarks.md, "W1"): txrepl against PostgreSQL's own logical replication.
 
 Configurations, each measured the same way in the same run:
 
