@@ -14,15 +14,15 @@ import psycopg2
 import psycopg2.extras
 import pytest
 
-from publisher.capture._pgoutput import Relation, Update, parse_pgoutput
-from publisher.capture._pgtypes import (
+from publisher.capture.postgres import PostgresCapture
+from publisher.capture.postgres._pgoutput import Relation, Update, parse_pgoutput
+from publisher.capture.postgres._pgtypes import (
     SESSION_GUCS,
     TypeInfo,
     builtin_type,
     numeric_typmod,
     to_value,
 )
-from publisher.capture.postgres import PostgresCapture
 from tests.integration.test_pg_capture_util import Running, open_pub
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
