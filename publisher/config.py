@@ -169,7 +169,7 @@ class PublisherConfig:
                 f"publication names must be unique; repeated: {', '.join(sorted(dup))}"
             )
         if self.registry_url:
-            import sqlalchemy
+            import sqlalchemy  # deferred (heavy): only to check an explicit registry_url
 
             try:
                 sqlalchemy.engine.make_url(self.registry_url)
