@@ -25,7 +25,7 @@ The four operations and what each must guarantee:
 ``snapshot(pub, timeout_s=...)``
     A context manager pinning a consistent seq S of ``pub``: the rows it yields
     are exactly the source tables' state after the log's entries up to S.
-    ``timeout_s`` bounds the wait for capture to reach the pinned position.
+    ``timeout_s`` bounds the wait for capture (to start; to reach the pinned position).
     Needs ``stream`` to be running (it aligns the snapshot with the stream).
 ``release()``
     Close what the source holds (connections; temporary slots go with them).

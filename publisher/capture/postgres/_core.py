@@ -18,16 +18,13 @@ from typing import Any, Literal
 
 import psycopg
 import psycopg2
-import psycopg2.extensions
 import psycopg2.extras
 import structlog
 from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.postgres._pgcatalog import Catalog, TableName, TableShape, qident, table_name
-from publisher.capture.postgres._pgoutput import (
-    RelColumn,
-)
+from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
 from publisher.capture.postgres._state import (
     Mark,

@@ -15,9 +15,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
-from publisher.capture.postgres._pgoutput import (
-    Relation,
-)
+from publisher.capture.postgres._pgoutput import Relation
 from publisher.publication import Publication
 
 __all__ = [

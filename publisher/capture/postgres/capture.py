@@ -13,8 +13,6 @@ from collections.abc import Sequence
 
 import psycopg
 import psycopg2
-import psycopg2.extensions
-import psycopg2.extras
 import structlog
 
 from common.backoff import Backoff

@@ -61,6 +61,7 @@ class SqliteSource:
         self.poll_interval_s = poll_interval_s
         self.lock = threading.Lock()
         self.pubs: list[Publication] | None = None  # set when streaming starts
+        self._streaming = threading.Event()
         self._entries = 0
         self._unreleased = 0
         self._released_at = time.monotonic()
@@ -83,6 +84,7 @@ class SqliteSource:
 
     def stream(self, pubs: Sequence[Publication], halt: threading.Event) -> None:
         self.pubs = list(pubs)
+        self._streaming.set()
         failures = 0
         force = True
         while not halt.is_set():
@@ -146,13 +148,12 @@ class SqliteSource:
     @contextmanager
     def snapshot(self, pub: Publication, *, timeout_s: float = 60.0) -> Iterator[Snapshot]:
         """Steps 1-4 of the module docstring; the rows are read in the pinned transaction."""
-        del timeout_s  # the capture lock is waited for, not the stream
         # Consumed chunk by chunk from worker threads, one at a time: never concurrently.
         conn = sqlite3.connect(
             str(self.capture.path), isolation_level=None, timeout=30, check_same_thread=False
         )
         try:
-            seq, schemas, counts = self._pin(conn, pub)
+            seq, schemas, counts = self._pin(conn, pub, timeout_s)
 
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
                 writers = [value_writer(c.type, c.scale) for c in schema.columns]
@@ -177,10 +178,10 @@ class SqliteSource:
             conn.close()
 
     def _pin(
-        self, conn: sqlite3.Connection, pub: Publication
+        self, conn: sqlite3.Connection, pub: Publication, timeout_s: float
     ) -> tuple[int, list[pb.TableSchema], dict[str, int]]:
         """Steps 1-3; leaves ``conn`` in the pinned read transaction."""
-        if self.pubs is None:
+        if not self._streaming.wait(timeout_s):  # the capture thread may be starting
             raise RuntimeError("capture is not running yet")
         installed = self.capture.installed().get(pub.name, {})
         tables = [t for t in pub.config.tables if t in installed]
