@@ -40,8 +40,11 @@ __all__ = [
     "decode",
     "decode_row",
     "encode",
+    "encode_natural",
     "encode_row",
     "parse_declared_type",
+    "to_datetime",
+    "to_decimal",
 ]
 
 ColumnType = pb.ColumnType
@@ -157,6 +160,13 @@ def _natural(v: object, out: pb.Value) -> pb.Value:
     else:
         raise TypeError(f"cannot encode a value of type {type(v).__name__}: {v!r}")
     return out
+
+
+# Public names of the coercions above, for encoders that set values in place
+# (publisher/capture/values.py); the underscored names stay for this module.
+to_decimal = _to_decimal
+to_datetime = _to_datetime
+encode_natural = _natural
 
 
 def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: int = 0) -> pb.Value:

@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Deferred, not a circle: the daemon pulls in the gRPC server, psycopg and the
+    # capture packages, which the client subcommands of this CLI never need.
     from publisher.config import load_config
     from publisher.daemon import run
     from publisher.errors import SourceError

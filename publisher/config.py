@@ -41,11 +41,13 @@ Operations (see docs/operations.md)::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import Literal
 
 from common.config import load_toml, parse_address
+from common.dburl import DatabaseUrl
 from common.security import ServerTls, check_hash, check_listen
 
 __all__ = [
@@ -159,10 +161,7 @@ class PublisherConfig:
     def __post_init__(self) -> None:
         _check_name("server_name", self.server_name)
         parse_address(self.listen, field="listen")
-        if not (self.source.startswith("sqlite:///") or self.source.startswith("postgresql")):
-            raise ValueError(
-                f"source {self.source!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-            )
+        _ = self.source_url  # parsed (once) here: a ValueError names the field
         names = [p.name for p in self.publication]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -170,7 +169,7 @@ class PublisherConfig:
                 f"publication names must be unique; repeated: {', '.join(sorted(dup))}"
             )
         if self.registry_url:
-            import sqlalchemy
+            import sqlalchemy  # deferred (heavy): only to check an explicit registry_url
 
             try:
                 sqlalchemy.engine.make_url(self.registry_url)
@@ -229,10 +228,10 @@ class PublisherConfig:
     def data_path(self) -> Path:
         return self.path(self.data_dir)
 
-    @property
-    def sqlite_source_path(self) -> Path:
-        assert self.source.startswith("sqlite:///")
-        return self.path(self.source[len("sqlite:///") :])
+    @functools.cached_property
+    def source_url(self) -> DatabaseUrl:
+        """``source`` parsed; a SQLite path is relative to the config file's directory."""
+        return DatabaseUrl.parse(self.source, field="source", base_dir=self.config_dir)
 
     def find(self, publication: str) -> PublicationConfig | None:
         return next((p for p in self.publication if p.name == publication), None)

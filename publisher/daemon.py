@@ -47,9 +47,9 @@ from common.serve import (
     write_atomic,
 )
 from common.systemd import Notifier
-from publisher.capture import SqliteCapture
-from publisher.capture.postgres import PostgresCapture
-from publisher.capture.thread import CaptureThread, PostgresCaptureThread
+from publisher.capture import Source, SourceOptions
+from publisher.capture.dialects import open_source
+from publisher.capture.thread import CaptureThread
 from publisher.config import PublisherConfig
 from publisher.errors import FeedRefused
 from publisher.feed import FeedManager
@@ -201,9 +201,8 @@ class Publisher:
         self.notifier = Notifier()
         self.publications: dict[str, Publication] = {}
         self.registry: Registry | None = None
-        self.capture: SqliteCapture | None = None
-        self.capture_thread: CaptureThread | PostgresCaptureThread | None = None
-        self.pg_capture: PostgresCapture | None = None
+        self.source: Source | None = None
+        self.capture_thread: CaptureThread | None = None
         self.endpoint: GrpcEndpoint | None = None
         self.feeds: FeedManager | None = None
         self.metrics_server: metrics.MetricsServer | None = None
@@ -222,15 +221,12 @@ class Publisher:
         self.registry = MeteredRegistry(
             cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
         )
-        if cfg.source.startswith("sqlite:///"):
-            self.capture = SqliteCapture(cfg.sqlite_source_path)
-            for pub in self.publications.values():
-                self.capture.install(pub.name, pub.log.incarnation, pub.config.tables)
-        else:
-            self.pg_capture = PostgresCapture(cfg.source, slot=cfg.slot_name, plugin=cfg.plugin)
-            self.pg_capture.check()  # wal_level, REPLICATION, slot health: clear errors
-            for pub in self.publications.values():
-                self.pg_capture.install(pub.name, pub.log.incarnation, pub.config.tables)
+        options = SourceOptions(
+            slot=cfg.slot_name, plugin=cfg.plugin, poll_interval_s=cfg.poll_interval_ms / 1000
+        )
+        self.source = open_source(cfg.source_url, options)  # checked: clear errors
+        for pub in self.publications.values():
+            self.source.install(pub.name, pub.log.incarnation, pub.config.tables)
 
     async def serve(self, *, ready: asyncio.Event | None = None) -> None:
         assert self.registry is not None
@@ -256,10 +252,8 @@ class Publisher:
         )
         self.feeds = feeds
         snapshots = (
-            SnapshotSource(
-                cfg.server_name, self.capture, self.publications, pg_capture=self.pg_capture
-            )
-            if self.capture is not None or self.pg_capture is not None
+            SnapshotSource(cfg.server_name, self.source, self.publications)
+            if self.source is not None
             else None
         )
         replication = ReplicationService(feeds, self.publications, snapshots)
@@ -275,20 +269,11 @@ class Publisher:
             interceptors=interceptors,
         )
         await self.endpoint.start()
-        if self.capture is not None:
-            pubs = list(self.publications.values())
-            sqlite_thread = CaptureThread(self.capture, pubs, cfg.poll_interval_ms / 1000)
-            sqlite_thread.start()
-            self.capture_thread = sqlite_thread
-            if snapshots is not None:
-                snapshots.capture_thread = sqlite_thread
-        if self.pg_capture is not None:
-            self.capture_thread = PostgresCaptureThread(
-                self.pg_capture, list(self.publications.values())
-            )
+        if self.source is not None:
+            self.capture_thread = CaptureThread(self.source, list(self.publications.values()))
             self.capture_thread.start()
             if snapshots is not None:
-                snapshots.pg_running = True
+                snapshots.running = True
         if cfg.metrics_listen:
             registry = metrics.new_registry()
             registry.register(PublisherCollector(self))
@@ -343,10 +328,8 @@ class Publisher:
     def close(self) -> None:
         for pub in self.publications.values():
             pub.log.close()
-        if self.capture is not None:
-            self.capture.close()
-        if self.pg_capture is not None:
-            self.pg_capture.close()
+        if self.source is not None:
+            self.source.release()
         if self.registry is not None:
             self.registry.close()
 

@@ -1,32 +1,49 @@
-"""Publisher errors.
+"""Publisher errors, rooted at :class:`common.errors.TxreplError`.
 
-    PublisherError                 base; carries a message an operator can act on
-    ├── SourceError                the source database refuses or lacks something
-    │                              (missing table, no primary key, wal_level)
-    └── FeedRefused                a sync request is refused; carries the gRPC code
-                                   the feed ends with (NOT_FOUND, FAILED_PRECONDITION,
-                                   OUT_OF_RANGE, PERMISSION_DENIED, INVALID_ARGUMENT)
-                                   and the RefusalKind sent with it (common.feedstatus)
+::
 
-Log errors live in publisher.log (LogError, CorruptLogError, PurgedError).
+    TxreplError                       common.errors
+    └── PublisherError                base; carries a message an operator can act on
+        ├── SourceError               the source database refuses or lacks something
+        │   │                         (missing table, no primary key, wal_level)
+        │   └── ProtocolError         a logical decoding message cannot be parsed
+        │                             (publisher.capture.postgres)
+        ├── FeedRefused               a sync request is refused; carries the gRPC code
+        │                             the feed ends with (NOT_FOUND, FAILED_PRECONDITION,
+        │                             OUT_OF_RANGE, PERMISSION_DENIED, INVALID_ARGUMENT)
+        │                             and the RefusalKind sent with it (common.feedstatus)
+        └── LogError                  publisher.log.errors: any failure of a publication
+            ├── CorruptLogError       log (path, offset); CorruptLogError and
+            ├── PurgedError           LogFailedError are also common.errors.PermanentError
+            ├── LogClosedError
+            ├── LogLockedError
+            └── LogFailedError
+
+Capture retries failures of a reachable source itself (publisher.capture); a
+SourceError raised at start-up stops the publisher with its message.
 """
 
 from __future__ import annotations
 
 import grpc
 
+from common.errors import TxreplError
 from common.feedstatus import RefusalKind
 from common.rpc import txrepl_pb2 as pb
 
-__all__ = ["FeedRefused", "PublisherError", "SourceError"]
+__all__ = ["FeedRefused", "ProtocolError", "PublisherError", "SourceError"]
 
 
-class PublisherError(Exception):
+class PublisherError(TxreplError):
     """Base of the publisher's own errors."""
 
 
 class SourceError(PublisherError):
     """The source database cannot be captured as configured."""
+
+
+class ProtocolError(SourceError):
+    """A logical decoding message (pgoutput, wal2json) that cannot be parsed."""
 
 
 class FeedRefused(PublisherError):

@@ -73,7 +73,7 @@ class SubscriberRow:
 class Registry:
     def __init__(self, url: str) -> None:
         self.engine = sa.create_engine(url)
-        if url.startswith("sqlite"):
+        if self.engine.dialect.name == "sqlite":
 
             @sa.event.listens_for(self.engine, "connect")
             def _pragmas(dbapi_conn: object, _rec: object) -> None:

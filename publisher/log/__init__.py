@@ -4,7 +4,8 @@
 ``publisher/log/_framing.py`` and the exception tree in ``publisher/log/errors.py``.
 """
 
-from ._log import FsyncPolicy, Listener, Log, open_log
+from ._log import FsyncPolicy, Listener, Log
+from ._open import open_log
 from .errors import (
     CorruptLogError,
     LogClosedError,

@@ -1,17 +1,20 @@
-"""Errors raised by the publication log.
+"""Errors raised by the publication log (a branch of publisher.errors' tree).
 
 ::
 
-    LogError                    any failure of the log; carries path (and offset when known)
-    ├── CorruptLogError         damaged bytes (bad CRC, seq gap, bad header, unreadable file)
-    │                           at path/offset: the log refuses to open, or a read refuses to
-    │                           return the entry.  Permanent: an operator must intervene.
-    ├── PurgedError             read below first_seq: the entries were removed by retention.
-    │                           Carries the seq asked for and the current first_seq.
-    ├── LogClosedError          the Log was used after close().
-    ├── LogLockedError          another process holds the log directory open.
-    └── LogFailedError          an fsync or write failed; the log stops accepting appends
-                                (the page cache can no longer be trusted) until reopened.
+    TxreplError > PublisherError    (common.errors, publisher.errors)
+    └── LogError                    any failure of the log; carries path (and offset)
+        ├── CorruptLogError         damaged bytes (bad CRC, seq gap, bad header, unreadable
+        │                           file) at path/offset: the log refuses to open, or a read
+        │                           refuses to return the entry.  Permanent (also
+        │                           common.errors.PermanentError): an operator must intervene.
+        ├── PurgedError             read below first_seq: the entries were removed by
+        │                           retention.  Carries the seq asked for and first_seq.
+        ├── LogClosedError          the Log was used after close().
+        ├── LogLockedError          another process holds the log directory open.
+        └── LogFailedError          an fsync or write failed; the log stops accepting
+                                    appends (the page cache can no longer be trusted)
+                                    until reopened.  Also PermanentError.
 
 Foreign errors (OSError from the file system) are translated into these at the
 boundary of the log, with the path and the OS error chained as ``__cause__``.
@@ -20,6 +23,9 @@ boundary of the log, with the path and the OS error chained as ``__cause__``.
 from __future__ import annotations
 
 from pathlib import Path
+
+from common.errors import PermanentError
+from publisher.errors import PublisherError
 
 __all__ = [
     "CorruptLogError",
@@ -31,7 +37,7 @@ __all__ = [
 ]
 
 
-class LogError(Exception):
+class LogError(PublisherError):
     """A failure of the publication log at ``path`` (and ``offset`` when known)."""
 
     def __init__(self, message: str, path: Path | None = None, offset: int | None = None) -> None:
@@ -48,7 +54,7 @@ class LogError(Exception):
         return f"{self.message}{where}"
 
 
-class CorruptLogError(LogError):
+class CorruptLogError(LogError, PermanentError):
     """Damaged bytes at ``path``/``offset`` that recovery must not paper over."""
 
 
@@ -70,5 +76,5 @@ class LogLockedError(LogError):
     """Another process has the log directory open."""
 
 
-class LogFailedError(LogError):
+class LogFailedError(LogError, PermanentError):
     """A write or fsync failed; the log accepts no more appends until it is reopened."""

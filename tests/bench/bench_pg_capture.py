@@ -32,15 +32,15 @@ import psycopg
 import psycopg2
 import psycopg2.extras
 
-from publisher.capture._pgoutput import Relation, Update, parse_pgoutput
-from publisher.capture._pgtypes import (
+from publisher.capture.postgres import PostgresCapture
+from publisher.capture.postgres._pgoutput import Relation, Update, parse_pgoutput
+from publisher.capture.postgres._pgtypes import (
     SESSION_GUCS,
     TypeInfo,
     builtin_type,
     numeric_typmod,
     to_value,
 )
-from publisher.capture.postgres import PostgresCapture
 from publisher.config import PublicationConfig
 from publisher.log import open_log
 from publisher.publication import Publication

@@ -43,7 +43,7 @@ def _write(tmp_path: Path, text: str, name: str = "c.toml") -> Path:
 def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> None:
     pub = load_publisher(_write(tmp_path, PUB))
     assert pub.publication[0].max_delta == 1_000_000
-    assert pub.sqlite_source_path == tmp_path.resolve() / "src.db"
+    assert pub.source_url.sqlite_path == tmp_path.resolve() / "src.db"
     sub = load_subscriber(_write(tmp_path, SUB, "s.toml"))
     assert sub.subscription[0].id == "pub1.shop"
     assert sub.spark.master == "local[2]"

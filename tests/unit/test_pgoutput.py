@@ -10,7 +10,7 @@ import pytest
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
-from publisher.capture._pgoutput import (
+from publisher.capture.postgres._pgoutput import (
     PG_EPOCH_US,
     UNCHANGED,
     Begin,
@@ -24,8 +24,8 @@ from publisher.capture._pgoutput import (
     Update,
     parse_pgoutput,
 )
-from publisher.capture._pgtypes import TypeInfo, numeric_typmod, to_value
-from publisher.capture._pgwal2json import Wal2JsonDecoder
+from publisher.capture.postgres._pgtypes import TypeInfo, numeric_typmod, to_value
+from publisher.capture.postgres._pgwal2json import Wal2JsonDecoder
 
 T = pb.ColumnType
 

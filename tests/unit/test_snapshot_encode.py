@@ -9,7 +9,7 @@ import pytest
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode
-from publisher.snapshot import value_writer
+from publisher.capture.values import value_writer
 
 SAMPLES: list[object] = [
     None,

@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Final
 
-from publisher.capture._pgoutput import (
+from publisher.capture.postgres._pgoutput import (
     UNCHANGED,
     Begin,
     Commit,

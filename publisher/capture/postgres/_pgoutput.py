@@ -30,6 +30,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from publisher.errors import ProtocolError
+
 __all__ = [
     "PG_EPOCH_US",
     "UNCHANGED",
@@ -69,10 +71,6 @@ UNCHANGED: Final = _Unchanged()
 
 # A column value as sent: None (NULL), UNCHANGED, or the text output of the type.
 Datum = str | None | _Unchanged
-
-
-class ProtocolError(Exception):
-    """A malformed or unexpected message from the output plugin."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 import psycopg
 
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture._pgoutput import RelColumn
-from publisher.capture._pgtypes import TypeInfo, builtin_type, numeric_typmod
+from publisher.capture.postgres._pgoutput import RelColumn
+from publisher.capture.postgres._pgtypes import TypeInfo, builtin_type, numeric_typmod
 from publisher.errors import SourceError
 
 __all__ = ["Catalog", "TableName", "TableShape", "qident", "table_name"]

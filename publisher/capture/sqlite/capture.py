@@ -55,7 +55,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import encode, parse_declared_type
 from publisher.errors import SourceError
 
-__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal"]
+__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
 
 log = structlog.get_logger(__name__)
 
@@ -69,7 +69,7 @@ CREATE TABLE IF NOT EXISTS _txrepl_pubs(
 """
 
 
-def _q(name: str) -> str:
+def qident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
@@ -119,7 +119,7 @@ class SqliteCapture:
     # -- schema -----------------------------------------------------------------
 
     def read_schema(self, table: str) -> pb.TableSchema:
-        rows = self._conn.execute(f"PRAGMA table_xinfo({_q(table)})").fetchall()
+        rows = self._conn.execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
         if not rows:
             raise SourceError(f"table {table!r} does not exist in the SQLite source {self.path}")
         schema = pb.TableSchema(table=table)
@@ -187,10 +187,10 @@ class SqliteCapture:
                     (publication, table, schema.SerializeToString()),
                 )
                 added_id = cur.lastrowid
-                cols = ", ".join(f"quote({_q(col.name)})" for col in schema.columns)
+                cols = ", ".join(f"quote({qident(col.name)})" for col in schema.columns)
                 c.execute(
                     f"INSERT INTO _txrepl_capture(pub, tbl, op, v) "
-                    f"SELECT ?, ?, 'I', json_array({cols}) FROM {_q(table)}",
+                    f"SELECT ?, ?, 'I', json_array({cols}) FROM {qident(table)}",
                     (publication, table),
                 )
                 c.execute(
@@ -209,8 +209,8 @@ class SqliteCapture:
 
     def _install_triggers(self, schema: pb.TableSchema) -> None:
         t = schema.table
-        new = ", ".join(f"quote(NEW.{_q(c.name)})" for c in schema.columns)
-        old_key = ", ".join(f"quote(OLD.{_q(k)})" for k in schema.primary_key)
+        new = ", ".join(f"quote(NEW.{qident(c.name)})" for c in schema.columns)
+        old_key = ", ".join(f"quote(OLD.{qident(k)})" for k in schema.primary_key)
         lit = t.replace("'", "''")
         bodies = {
             "i": ("INSERT", f"VALUES('{lit}', 'I', NULL, json_array({new}))"),
@@ -218,10 +218,10 @@ class SqliteCapture:
             "d": ("DELETE", f"VALUES('{lit}', 'D', json_array({old_key}), NULL)"),
         }
         for tag, (event, values) in bodies.items():
-            name = _q(f"_txrepl_{tag}_{t}")
+            name = qident(f"_txrepl_{tag}_{t}")
             self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
             self._conn.execute(
-                f"CREATE TRIGGER {name} AFTER {event} ON {_q(t)} BEGIN "
+                f"CREATE TRIGGER {name} AFTER {event} ON {qident(t)} BEGIN "
                 f"INSERT INTO _txrepl_capture(tbl, op, k, v) {values}; END"
             )
 
@@ -232,7 +232,7 @@ class SqliteCapture:
             "AND name LIKE '\\_txrepl\\_%' ESCAPE '\\'"
         ).fetchall():
             if tbl not in used:
-                self._conn.execute(f"DROP TRIGGER IF EXISTS {_q(name)}")
+                self._conn.execute(f"DROP TRIGGER IF EXISTS {qident(name)}")
 
     def installed(self) -> dict[str, dict[str, int]]:
         """publication -> table -> added_id."""

@@ -1,0 +1,423 @@
+"""One replication connection's worth of streaming, and the flusher beside it.
+
+:class:`Session` reads the slot (pgoutput or wal2json), turns each decoded
+transaction into one entry per publication that has a table it touched, logs
+install snapshots when the stream crosses their consistent point, resolves
+``wait_position`` marks, and confirms the slot only past durable entries.
+:class:`Flusher` makes the appends durable in rounds while decoding goes on.
+The argument for order and exactly-once is in the package docstring.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import structlog
+
+from common.rpc import txrepl_pb2 as pb
+from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._pgcatalog import TableName, TableShape
+from publisher.capture.postgres._pgoutput import (
+    UNCHANGED,
+    Begin,
+    Commit,
+    Datum,
+    Delete,
+    Event,
+    Insert,
+    Relation,
+    Truncate,
+    Update,
+    parse_pgoutput,
+)
+from publisher.capture.postgres._pgtypes import to_value
+from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from publisher.capture.postgres._state import (
+    PendingSnapshot,
+    PubState,
+    RelState,
+    TableState,
+    Txn,
+    format_lsn,
+)
+from publisher.errors import SourceError
+from publisher.log import Log, LogError
+from publisher.publication import Publication
+
+__all__ = ["Flusher", "Session", "last_before"]
+
+log = structlog.get_logger(__name__)
+
+
+class Flusher(threading.Thread):
+    """Makes a session's appends durable, and visible to feeds, while it decodes on.
+
+    :meth:`kick` after an append; each round flushes every log (a no-op for a log with
+    nothing pending), taking along whatever was appended during the previous fsync.
+    A failed log stops the flusher with ``error`` set; the session raises it.
+    """
+
+    def __init__(self, logs: Sequence[Log]) -> None:
+        super().__init__(name="txrepl-pg-capture-flush", daemon=True)
+        self.logs = list(logs)
+        self.error: LogError | None = None
+        self._kicked = threading.Event()
+        self._stopping = False
+
+    def kick(self) -> None:
+        self._kicked.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._kicked.set()
+        if self.is_alive():
+            self.join()
+
+    def run(self) -> None:
+        while True:
+            self._kicked.wait()
+            self._kicked.clear()
+            if self._stopping:
+                return
+            try:
+                for lg in self.logs:
+                    lg.flush()
+            except LogError as e:
+                self.error = e
+                log.error("capture: publication log flush failed", error=str(e))
+                return
+
+
+class Session:
+    """One replication connection's worth of streaming (reconnects make a new one)."""
+
+    def __init__(
+        self, cap: CaptureCore, pubs: Sequence[Publication], halt: threading.Event
+    ) -> None:
+        self.cap = cap
+        self.halt = halt
+        self.pubs = pubs
+        self.state: dict[str, PubState] = {}
+        self.routes: dict[str, list[tuple[PubState, TableState]]] = {}
+        self.rels: dict[int, RelState] = {}
+        self.prev_shapes: dict[int, TableShape] = {}
+        self.txn: Txn | None = None
+        self.pending: PendingSnapshot | None = None
+        self.conn: Any = None
+        self.cur: Any = None
+        self.confirmable = 0  # end LSN of the last transaction handled (logged or not)
+        self.confirmed = 0
+        self.touched: set[str] = set()
+        self.last_feedback = 0.0
+        self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
+        self.flusher = Flusher([p.log for p in pubs])
+
+    def close(self) -> None:
+        self.flusher.stop()
+        if self.pending is not None:
+            self.pending.conn.close()
+            self.pending = None
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+    def _reload(self) -> None:
+        self.cap._dirty.clear()
+        old = self.state
+        self.state = self.cap._load(self.pubs)
+        for name, ps in self.state.items():
+            for t, tab in ps.tables.items():
+                prev = old.get(name)
+                if prev is not None and t in prev.tables and prev.tables[t].complete:
+                    tab.logged = prev.tables[t].logged  # newer than the saved one
+        self.routes = {}
+        for ps in self.state.values():
+            for t, tab in ps.tables.items():
+                self.routes.setdefault(t, []).append((ps, tab))
+        if self.pending is None:
+            self.pending = self.cap._begin_snapshot(self.state)
+
+    def run(self) -> None:
+        cap = self.cap
+        self._reload()
+        self.conn = cap._replication_conn()
+        self.cur = self.conn.cursor()
+        options = (
+            {"proto_version": "1", "publication_names": cap.pg_publication}
+            if cap.plugin == "pgoutput"
+            else dict(WAL2JSON_OPTIONS)
+        )
+        self.cur.start_replication(
+            slot_name=cap.slot, decode=False, options=options, status_interval=5
+        )
+        log.info("capture streaming", slot=cap.slot, plugin=cap.plugin)
+        self.flusher.start()
+        fd = self.conn.fileno()
+        while not self.halt.is_set():
+            if self.flusher.error is not None:
+                raise self.flusher.error
+            if cap._dirty.is_set() and self.txn is None:
+                self._reload()
+            msg = self.cur.read_message()
+            if msg is not None:
+                self._handle(msg.payload)
+                if self.txn is None:
+                    self._feedback()
+                continue
+            self._idle()
+            select.select([fd], [], [], 0.2)
+        if self.txn is None:
+            self._feedback(force=True)
+
+    # -- stream events ---------------------------------------------------------------
+
+    def _events(self, payload: bytes) -> Iterable[Event]:
+        if self.wal2json is not None:
+            return self.wal2json.decode(payload)
+        ev = parse_pgoutput(payload)
+        return () if ev is None else (ev,)
+
+    def _handle(self, payload: bytes) -> None:
+        for ev in self._events(payload):
+            if isinstance(ev, Begin):
+                self._cross(ev.final_lsn)
+                self.txn = Txn(ev.final_lsn, ev.commit_time_us)
+            elif isinstance(ev, Commit):
+                self._commit(ev)
+            elif isinstance(ev, Relation):
+                prev = self.rels.get(ev.oid)
+                if prev is not None and prev.shape is not None:
+                    # its key stands in if the table is gone from the catalog by now
+                    self.prev_shapes[ev.oid] = prev.shape
+                self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
+            elif isinstance(ev, Insert | Update | Delete):
+                self._change(ev)
+            elif isinstance(ev, Truncate):
+                self._truncate(ev)
+
+    def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
+        txn = self.txn
+        assert txn is not None
+        return [
+            (ps, tab)
+            for ps, tab in self.routes.get(table, ())
+            if tab.complete and txn.final_lsn > ps.pub.position
+        ]
+
+    def _shape(self, r: RelState) -> TableShape:
+        if r.shape is None:
+            r.shape = self.cap._cat().shape(r.name, r.rel.columns, self.prev_shapes.get(r.rel.oid))
+        return r.shape
+
+    def _ops(self, ps: PubState, tab: TableState, shape: TableShape) -> list[pb.Op]:
+        txn = self.txn
+        assert txn is not None
+        ops = txn.ops.setdefault(ps.pub.name, [])
+        if tab.logged != shape.schema:
+            ops.append(pb.Op(schema=shape.schema))
+            tab.logged = shape.schema
+            txn.logged.append((ps.pub.name, shape.schema.table, shape.schema))
+        return ops
+
+    def _change(self, ev: Insert | Update | Delete) -> None:
+        r = self.rels.get(ev.oid)
+        if r is None:
+            raise SourceError(f"change for relation {ev.oid} before its relation message")
+        targets = self._targets(r.name.display)
+        if not targets:
+            return
+        shape = self._shape(r)
+        infos = shape.infos
+        rc = pb.RowChange(table=r.name.display)
+        if isinstance(ev, Insert):
+            rc.op = pb.ROW_OP_INSERT
+            rc.row.extend(to_value(_text(d), i) for d, i in zip(ev.new, infos, strict=True))
+        elif isinstance(ev, Update):
+            rc.op = pb.ROW_OP_UPDATE
+            new = ev.new
+            if UNCHANGED in new:
+                new = self._fill_unchanged(r, new, ev.old)
+            key_src = ev.old if ev.old is not None else new
+            rc.key.extend(to_value(_text(key_src[k]), infos[k]) for k in shape.key_idx)
+            rc.row.extend(to_value(_text(d), i) for d, i in zip(new, infos, strict=True))
+        else:
+            rc.op = pb.ROW_OP_DELETE
+            rc.key.extend(to_value(_text(ev.old[k]), infos[k]) for k in shape.key_idx)
+        self.cap.changes += 1
+        for ps, tab in targets:
+            self._ops(ps, tab, shape).append(pb.Op(row=rc))
+
+    def _fill_unchanged(
+        self, r: RelState, new: tuple[Datum, ...], old: tuple[Datum, ...] | None
+    ) -> tuple[Datum, ...]:
+        if old is None or len(old) != len(new):
+            raise SourceError(
+                f"table {r.name.display!r}: an update left a TOASTed value out and the old "
+                "row is missing; its REPLICA IDENTITY must be FULL (the publisher sets it "
+                "when installing; restore it with ALTER TABLE ... REPLICA IDENTITY FULL)"
+            )
+        return tuple(o if n is UNCHANGED else n for n, o in zip(new, old, strict=True))
+
+    def _truncate(self, ev: Truncate) -> None:
+        for oid in ev.oids:
+            r = self.rels.get(oid)
+            if r is None:
+                continue
+            txn = self.txn
+            assert txn is not None
+            for ps, _tab in self._targets(r.name.display):
+                # no schema op needed: the table's next row brings one if it changed
+                ops = txn.ops.setdefault(ps.pub.name, [])
+                ops.append(pb.Op(row=pb.RowChange(table=r.name.display, op=pb.ROW_OP_TRUNCATE)))
+
+    def _commit(self, ev: Commit) -> None:
+        txn = self.txn
+        if txn is None:
+            raise SourceError("commit without a transaction in the stream")
+        self.txn = None
+        for pubname, ops in txn.ops.items():
+            if not ops:
+                continue
+            ps = self.state[pubname]
+            entry = pb.Entry(commit_time_us=ev.commit_time_us)
+            entry.ops.extend(ops)
+            ps.pub.append(entry, position=ev.commit_lsn, wait=False)
+            self.touched.add(pubname)
+            self.cap.entries += 1
+        self.flusher.kick()
+        for pubname, table, schema in txn.logged:
+            self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
+            self.cap._save_logged(pubname, table, schema, done=False)
+        self.cap.transactions += 1
+        self.confirmable = max(self.confirmable, ev.end_lsn)
+
+    # -- snapshot crossing, feedback ------------------------------------------------
+
+    def _mark(self, lsn: int) -> None:
+        """Resolve the wait_position requests at or below ``lsn`` (no transaction open)."""
+        cap = self.cap
+        with cap._marks_lock:
+            due = [m for m in cap._marks if m.lsn <= lsn and not m.done.is_set()]
+        if not due:
+            return
+        for ps in self.state.values():
+            ps.pub.log.flush()  # the seqs handed out are durable
+        for m in due:
+            m.heads = {name: last_before(ps.pub, m.lsn) for name, ps in self.state.items()}
+            m.done.set()
+
+    def _cross(self, lsn: int) -> None:
+        """Log pending snapshots once the stream reaches their consistent point."""
+        pending = self.pending
+        if pending is None or lsn < pending.lsn:
+            self._mark(lsn)
+            return
+        self._mark(pending.lsn)  # on-demand snapshots older than this install's rows
+        for pubname, tables in pending.tables.items():
+            ps = self.state[pubname]
+            for i, t in enumerate(tables):
+                last_table = i == len(tables) - 1
+                self._log_snapshot(ps, ps.tables[t], pending, last_table)
+        pending.conn.close()
+        self.pending = None
+        log.info("snapshots logged", lsn=format_lsn(pending.lsn), tables=pending.tables)
+        # tables installed while this snapshot was pending get the next one
+        self.pending = self.cap._begin_snapshot(self.state)
+        self._mark(lsn)
+
+    def _log_snapshot(
+        self, ps: PubState, tab: TableState, pending: PendingSnapshot, last_table: bool
+    ) -> None:
+        """Append schema, TRUNCATE and rows; the last entry of the last table at C - 1."""
+        pub = ps.pub
+        display = tab.name.display
+        rows = 0
+        chunks = self.cap._read_snapshot(pending, tab.name, self._keepalive)
+        with contextlib.closing(chunks) as it:
+            shape, _ = next(it)
+            entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
+            entry.ops.append(pb.Op(schema=shape.schema))
+            entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
+            for _, chunk in it:
+                for row in chunk:
+                    if len(entry.ops) >= self.cap.snapshot_chunk_rows:
+                        # not the last entry: a crash now leaves the snapshot incomplete
+                        pub.append(entry, position=pending.lsn - 2)
+                        self.cap.entries += 1
+                        entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
+                    rc = pb.RowChange(table=display, op=pb.ROW_OP_INSERT)
+                    rc.row.extend(to_value(d, i) for d, i in zip(row, shape.infos, strict=True))
+                    entry.ops.append(pb.Op(row=rc))
+                rows += len(chunk)
+        pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
+        self.cap.entries += 1
+        tab.complete = True
+        tab.logged = shape.schema
+        self.touched.add(pub.name)
+        self.cap._save_logged(pub.name, display, shape.schema, done=True)
+        log.info("table snapshot logged", publication=pub.name, table=display, rows=rows)
+
+    def _keepalive(self) -> None:
+        if self.cur is not None:
+            self.cur.send_feedback()
+
+    def _idle(self) -> None:
+        if self.txn is not None:
+            return
+        wal_end = int(self.cur.wal_end or 0)
+        first = self.cap._first_mark()
+        if self.pending is not None or first is not None:
+            wanted = min(
+                x for x in (first, self.pending.lsn if self.pending else None) if x is not None
+            )
+            if wal_end >= wanted:
+                self._cross(wal_end)
+            elif time.monotonic() - self.last_feedback > self.cap.feedback_interval_s:
+                # ask for a keepalive: it carries how far the server has decoded
+                self.cur.send_feedback(reply=True)
+                self.last_feedback = time.monotonic()
+        # Every transaction ending before the keepalive's position has been handled.
+        self.confirmable = max(self.confirmable, wal_end)
+        self._feedback()
+
+    def _feedback(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.confirmable <= self.confirmed:
+            return
+        if not force and now - self.last_feedback < self.cap.feedback_interval_s:
+            return
+        for name in self.touched:
+            self.state[name].pub.log.flush()  # durable before the slot moves past it
+        self.touched.clear()
+        self.cur.send_feedback(flush_lsn=self.confirmable, write_lsn=self.confirmable)
+        self.confirmed = self.confirmable
+        self.last_feedback = now
+
+
+def last_before(pub: Publication, lsn: int) -> int:
+    """The highest seq whose entry's source position is below ``lsn``.
+
+    Positions never decrease along a log (commit LSNs in commit order; an install
+    snapshot's ``C - 2``/``C - 1`` sit between the commits before and after ``C``;
+    a ``Publish`` entry repeats the current position), so this walks back from the
+    head over the entries appended since the stream passed ``lsn`` (usually none).
+    """
+    log_ = pub.log
+    seq = log_.head
+    while seq >= max(1, log_.first_seq):
+        (payload,) = log_.read(seq, max_entries=1)
+        if int(pb.Entry.FromString(payload).source_position or 0) < lsn:
+            break
+        seq -= 1
+    return seq
+
+
+def _text(d: Datum) -> str | None:
+    if d is UNCHANGED:
+        raise SourceError("unchanged TOAST value where a full value is needed")
+    return d  # type: ignore[return-value]

@@ -1,0 +1,100 @@
+"""Run-time state of PostgreSQL capture: installed tables, open transactions, marks.
+
+Plain values shared by the capture core (``_core.py``) and the streaming session
+(``_session.py``); LSNs are ints here, formatted ``X/X`` only for people.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from common.rpc import txrepl_pb2 as pb
+from publisher.capture.postgres._pgcatalog import TableName, TableShape
+from publisher.capture.postgres._pgoutput import Relation
+from publisher.publication import Publication
+
+__all__ = [
+    "Mark",
+    "PendingSnapshot",
+    "PubState",
+    "RelState",
+    "TableState",
+    "Txn",
+    "format_lsn",
+    "parse_lsn",
+    "redact",
+    "slot_ok",
+]
+
+
+def redact(dsn: str) -> str:
+    try:
+        params = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<unparsable dsn>"
+    params.pop("password", None)
+    return make_conninfo("", **params)
+
+
+def slot_ok(slot: str) -> bool:
+    return 0 < len(slot) <= 63 and all(c.islower() or c.isdigit() or c == "_" for c in slot)
+
+
+@dataclass(slots=True)
+class TableState:
+    """One installed table of one publication, at run time."""
+
+    name: TableName
+    snapshot_lsn: int | None
+    complete: bool
+    logged: pb.TableSchema | None  # the schema last logged in the publication
+
+
+@dataclass(slots=True)
+class PubState:
+    pub: Publication
+    tables: dict[str, TableState] = field(default_factory=dict)  # by display name
+
+
+@dataclass(slots=True)
+class RelState:
+    name: TableName
+    rel: Relation
+    shape: TableShape | None = None  # resolved on first use
+
+
+@dataclass(slots=True)
+class Txn:
+    final_lsn: int
+    commit_time_us: int
+    ops: dict[str, list[pb.Op]] = field(default_factory=dict)
+    logged: list[tuple[str, str, pb.TableSchema]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class PendingSnapshot:
+    lsn: int
+    snapshot: str
+    conn: Any  # psycopg2 replication connection holding the temporary slot
+    tables: dict[str, list[str]]  # publication -> display names
+
+
+@dataclass(slots=True)
+class Mark:
+    lsn: int
+    done: threading.Event = field(default_factory=threading.Event)
+    heads: dict[str, int] = field(default_factory=dict)
+
+
+def parse_lsn(text: str) -> int:
+    hi, _, lo = text.partition("/")
+    return (int(hi, 16) << 32) | int(lo, 16)
+
+
+def format_lsn(lsn: int) -> str:
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
