@@ -36,11 +36,11 @@ def register(subparsers: Any) -> None:
 
 
 def _writer(args: argparse.Namespace) -> Any:
-    from subscriber.apply import open_writer
     from subscriber.config import load_config
+    from subscriber.targets import open_writer
 
     cfg = load_config(args.config)
-    return cfg, open_writer(cfg.target, cfg.apply, base_dir=cfg.config_dir)
+    return cfg, open_writer(cfg.target_url, cfg.apply)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -1,16 +1,25 @@
 """Errors of the apply engine.
 
-Tree::
+Tree (rooted at :class:`common.errors.TxreplError`)::
 
-    ApplyError                 a batch was not applied; the target is unchanged
-    ├── GapError               first_seq != level + 1 (or the incarnation changed)
-    ├── SchemaError            a row does not fit its table's schema, or no schema yet
-    ├── WriterError            the target refused the batch (constraint, I/O, lock)
-    │   └── TransientError     ... for a reason that may pass (connection lost, lock
-    │                          timeout, serialization failure, deadlock): retried
-    └── PoisonEntryError       one entry fails on its own, persistently: the entries
-                               before it were applied (level = seq - 1) and it is
-                               stored whole in the target's ``txrepl_errors``
+    TxreplError
+    └── ApplyError               a batch was not applied; the target is unchanged
+        ├── GapError             first_seq != level + 1 (or the incarnation changed)
+        ├── SchemaError          a row does not fit its table's schema, or no schema
+        │                        yet; also a Spark analysis error of a transform
+        ├── WriterError          the target (or Spark) refused the batch (constraint,
+        │   │                    I/O, lock)
+        │   └── TransientError   ... for a reason that may pass (connection lost, lock
+        │                        timeout, serialization failure, deadlock, Spark's
+        │                        gateway gone): retried; also a
+        │                        common.errors.TransientError
+        └── PoisonEntryError     one entry fails on its own, persistently: the entries
+                                 before it were applied (level = seq - 1) and it is
+                                 stored whole in the target's ``txrepl_errors``
+
+Foreign errors are translated where they arise: the driver's in each target's
+writer (``subscriber.targets``), py4j's and Spark's at the Spark boundary
+(:mod:`subscriber.apply._spark`).
 
 Every error names the subscription and, where known, the seq and the table.  The
 target transaction is always rolled back before one is raised, so the stored level
@@ -20,6 +29,8 @@ the target now stands).
 """
 
 from __future__ import annotations
+
+from common import errors as common
 
 __all__ = [
     "ApplyError",
@@ -31,7 +42,7 @@ __all__ = [
 ]
 
 
-class ApplyError(Exception):
+class ApplyError(common.TxreplError):
     """A batch could not be applied; nothing of it reached the target."""
 
     def __init__(
@@ -70,7 +81,7 @@ class WriterError(ApplyError):
     """The target database refused the batch (translated from the driver's error)."""
 
 
-class TransientError(WriterError):
+class TransientError(WriterError, common.TransientError):
     """The target failed for a reason that may pass: retrying the same batch may work."""
 
 

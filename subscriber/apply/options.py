@@ -1,22 +1,18 @@
-"""How an :class:`~subscriber.apply.Applier` behaves, and opening a writer from a target URL.
+"""How an :class:`~subscriber.apply.Applier` behaves.
 
 ``ApplyOptions`` mirrors ``[apply]`` of the subscriber config (``subscriber.config``
 keeps the TOML side free of Spark and Arrow); :meth:`ApplyOptions.from_config`
-converts, :func:`open_writer` picks the writer by the target URL's scheme.
+converts.  The writer a target URL gets is the registry's business
+(``subscriber.targets.open_writer``): the apply knows only the Writer protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from subscriber.apply.postgres import PostgresWriter
-from subscriber.apply.sqlite import SqliteWriter
-from subscriber.apply.writer import Writer
-
-__all__ = ["ApplyOptions", "TableOptions", "open_writer"]
+__all__ = ["ApplyOptions", "TableOptions"]
 
 
 @dataclass(frozen=True)
@@ -93,20 +89,3 @@ class ApplyOptions:
                 for name, t in config.tables.items()
             },
         )
-
-
-def open_writer(url: str, config: Any = None, *, base_dir: str | Path = ".") -> Writer:
-    """The writer for a target URL: ``sqlite:///PATH`` or ``postgresql://...``.
-
-    ``config`` (a ``subscriber.config.ApplyConfig``, optional) gives the replay
-    role and ``session_replication_role`` for PostgreSQL; a relative SQLite path
-    is taken relative to ``base_dir``.
-    """
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
-        return SqliteWriter(path if path.is_absolute() else Path(base_dir) / path)
-    if url.startswith(("postgresql://", "postgres://")):
-        role = getattr(config, "role", "") or None
-        replication_role = getattr(config, "replication_role", "replica")
-        return PostgresWriter(url, role=role, replication_role=replication_role)
-    raise ValueError(f"target {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")

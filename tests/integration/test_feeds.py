@@ -338,9 +338,10 @@ def bulk_runner(
 ) -> tuple[Any, HeldApplier, asyncio.Task[None]]:
     """A running subscription to "bulk" (``backlog`` entries published first) through a
     HeldApplier."""
-    from subscriber.apply import Applier, SqliteWriter
+    from subscriber.apply import Applier
     from subscriber.config import BackoffConfig, SubscriptionConfig
     from subscriber.connection import SubscriptionRunner
+    from subscriber.targets.sqlite import SqliteWriter
 
     pub.publish("bulk", backlog)
     config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from subscriber.apply import Applier, SqliteWriter
+from subscriber.apply import Applier
 from subscriber.config import BackoffConfig, BatchConfig, SubscriptionConfig
 from subscriber.connection import SubscriptionRunner
 from subscriber.schedule import FakeClock, Schedule
+from subscriber.targets.sqlite import SqliteWriter
 from tests.harness import Pair
 from tests.integration.test_end_to_end import ledger_source, ledger_txns
 

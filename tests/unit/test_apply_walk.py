@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import _walk, engine
-from subscriber.apply.bench import W1_SCHEMAS, w1_entries
 from subscriber.apply.errors import ApplyError
 from subscriber.apply.options import ApplyOptions, TableOptions
+from tests.fixtures.w1_entries import W1_SCHEMAS, w1_entries
 
 T = pb.ColumnType
 TYPES = list(T.values())  # every column type, UNSPECIFIED included
