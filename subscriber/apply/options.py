@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.backoff import Backoff
+
 __all__ = ["ApplyOptions", "TableOptions"]
 
 
@@ -53,8 +55,10 @@ class ApplyOptions:
 
     error_policy: str = "stop"  # or "skip": store the poisoned entry and move past it
     retries: int = 5  # attempts in all for a transient target error
-    retry_initial_s: float = 0.2
-    retry_max_s: float = 5.0
+    # Waits between them: 0.2 s, doubling, at most 5 s (no jitter: one applier per target).
+    retry_backoff: Backoff = field(
+        default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0, multiplier=2.0, jitter=0.0)
+    )
     jdbc_min_rows: int = 0  # PostgreSQL: stage through Spark JDBC from this many rows
     # Plain-table batches of fewer row changes: net effect in the driver, no Spark
     # job (its fixed cost would bound the in-sync lag); 0: every batch through Spark.

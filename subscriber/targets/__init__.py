@@ -136,7 +136,9 @@ def load_snapshot(
     try:
         url = _url(target)
     except ValueError as exc:
-        raise SnapshotError(str(exc)) from exc
+        raise SnapshotError(
+            f"target {target!r}: snapshots load into a SQLite file or postgresql://..."
+        ) from exc
     sink = open_snapshot_loader(url, subscription=subscription, spark=spark, role=role)
     return load_into(
         sink,

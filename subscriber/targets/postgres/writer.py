@@ -31,7 +31,7 @@ same shape) is emptied with TRUNCATE before its second use.  A new connection st
 with none.
 
 Large rows steps (``[apply] jdbc_min_rows``, off by default) are staged by Spark over
-JDBC before the transaction instead of by COPY inside it (``_pgjdbc.py``); the
+JDBC before the transaction instead of by COPY inside it (``_jdbc.py``); the
 transaction merges from those tables the same way, then empties them.
 
 Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
