@@ -42,14 +42,16 @@ def test_an_analysis_error_becomes_a_permanent_query_error(spark: Any) -> None:
 
 
 def test_a_failed_jvm_call_becomes_a_transient_job_error(spark: Any) -> None:
-    """A Java exception through py4j (Py4JJavaError): SparkJobError, a TransientError."""
+    """A Java exception through py4j (pyspark re-raises it as one of its own, else a
+    Py4JJavaError): SparkJobError, a TransientError."""
     from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
 
     jvm = spark._jvm
     exc = _raised(lambda: jvm.java.lang.Integer.parseInt("not a number"))
     assert isinstance(exc, SparkJobError)
     assert isinstance(exc, common.TransientError)
-    assert isinstance(exc.__cause__, Py4JJavaError)
+    assert isinstance(exc.__cause__, Py4JJavaError | PySparkException)
     assert "NumberFormatException" in str(exc)
 
 
