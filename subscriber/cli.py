@@ -1,4 +1,9 @@
-"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect."""
+"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect.
+
+Every ``txrepl`` command registers these parsers, so each command imports what it
+needs (the daemon, Spark, the RPC stubs) when it runs: the imports inside the
+functions below defer heavy modules, they dodge no import circle.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import grpc
 
 from common.errors import describe_rpc_error
 from common.security import add_client_args, client_channel, client_from_args
+from subscriber import errors_cli
 
 __all__ = ["register"]
 
@@ -27,8 +33,6 @@ def register(sub: Any) -> None:
     check.add_argument("--config", required=True)
     check.set_defaults(func=_check)
     register_reinit(psub)
-    from subscriber import errors_cli
-
     errors_cli.register(psub)
     for action, helptext in (
         ("status", "show each subscription's state, level and lag"),

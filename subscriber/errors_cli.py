@@ -3,7 +3,8 @@
 Reads the subscriber config for the target URL and ``[apply]`` settings; needs no
 running daemon (``retry`` starts a local Spark session to apply the entry).  After
 ``retry`` or ``skip``, reconnect the subscription so the daemon re-reads its level.
-Hook it into ``subscriber/cli.py`` with ``errors_cli.register(psub)``.
+Hook it into ``subscriber/cli.py`` with ``errors_cli.register(psub)``.  The imports
+inside the functions defer Spark and the targets' drivers to the command that runs.
 """
 
 from __future__ import annotations

@@ -108,9 +108,10 @@ def test_reinit_cli_authenticates_with_the_subscriptions_token_file(tmp_path: Pa
         tmp_path,
         tables=["counter", "ledger"],
         publisher_extra={
+            "auth": {"admin_token_hashes": [hash_token("admin-secret-token")]},
             "subscriber": [
                 {"name": "sub1", "token_hash": hash_token(token), "publications": ["shop"]}
-            ]
+            ],
         },
         subscription_extra={"token_file": str(token_file)},
     )

@@ -26,6 +26,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.session import arrow_frame
@@ -63,8 +65,6 @@ def _through_spark(
     spark: SparkSession, rows: list[tuple[object, ...]], n: int
 ) -> list[tuple[object, ...]]:
     """Hand a chunk to Spark as Arrow and take it back (the hook for transforms)."""
-    import pyarrow as pa
-
     names = [f"c{i}" for i in range(n)]
     columns = list(zip(*rows, strict=True)) if rows else [() for _ in range(n)]
     table = pa.table({name: pa.array(list(col)) for name, col in zip(names, columns, strict=True)})
@@ -73,8 +73,6 @@ def _through_spark(
 
 
 def _pass(spark: SparkSession, rows: list[tuple[object, ...]], n: int) -> list[tuple[object, ...]]:
-    import pyarrow as pa
-
     try:
         return _through_spark(spark, rows, n)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

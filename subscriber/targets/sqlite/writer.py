@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
@@ -119,10 +121,7 @@ def sqlite_value(v: object) -> object:
     raise TypeError(f"no SQLite form for {type(v).__name__}")
 
 
-def _column_values(table: object, index: int, column: pb.Column) -> list[object]:
-    import pyarrow as pa
-
-    assert isinstance(table, pa.Table)
+def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[object]:
     col, variant = column_of(table, index)
     t = column.type
     if not variant and t in (
