@@ -1,4 +1,9 @@
-"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect."""
+"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect.
+
+Every ``txrepl`` command registers these parsers, so each command imports what it
+needs (the daemon, Spark, the RPC stubs) when it runs: the imports inside the
+functions below defer heavy modules, they dodge no import circle.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import grpc
 
 from common.errors import describe_rpc_error
 from common.security import add_client_args, client_channel, client_from_args
+from subscriber import errors_cli
 
 __all__ = ["register"]
 
@@ -27,8 +33,6 @@ def register(sub: Any) -> None:
     check.add_argument("--config", required=True)
     check.set_defaults(func=_check)
     register_reinit(psub)
-    from subscriber import errors_cli
-
     errors_cli.register(psub)
     for action, helptext in (
         ("status", "show each subscription's state, level and lag"),
@@ -122,9 +126,10 @@ def register_reinit(psub: Any) -> None:
 def _reinit(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
-    from subscriber.apply import ApplyOptions, SparkSettings, create_spark_session
+    from subscriber.apply import create_spark_session
     from subscriber.config import load_config
-    from subscriber.reinit import SnapshotError, SnapshotProgress, load_snapshot
+    from subscriber.reinit import SnapshotError, SnapshotProgress
+    from subscriber.targets import snapshot_loader, snapshot_needs_spark, spark_settings
 
     cfg = load_config(args.config)
     sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
@@ -135,7 +140,6 @@ def _reinit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    sqlite_target = cfg.target.startswith("sqlite:///")
     # The running daemon writes the address it bound (port 0 works) into its data dir.
     addr_file = cfg.data_path / "subscriber.addr"
     control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
@@ -146,23 +150,9 @@ def _reinit(args: argparse.Namespace) -> int:
         print(f"paused {sc.id} on the running subscriber ({control_addr})")
     except grpc.RpcError:
         daemon_running = False
-    s = cfg.spark
-    tables = ApplyOptions.from_config(cfg.apply).tables
     # A PostgreSQL target is loaded by COPY from this process: no Spark session needed,
-    # unless a table is shaped by transforms (subscriber/reinit_shape.py).
-    spark = (
-        create_spark_session(
-            SparkSettings(
-                master=s.master,
-                conf=dict(s.conf),
-                jars=tuple(s.jars),
-                shuffle_partitions=s.shuffle_partitions,
-                log_level=s.log_level,
-            )
-        )
-        if sqlite_target or any(t.shaped and not t.history for t in tables.values())
-        else None
-    )
+    # unless a table is shaped by transforms (subscriber/reinit/shape.py).
+    spark = create_spark_session(spark_settings(cfg)) if snapshot_needs_spark(cfg) else None
 
     def progress(p: SnapshotProgress) -> None:
         total = max(1, p.rows_expected)
@@ -176,21 +166,9 @@ def _reinit(args: argparse.Namespace) -> int:
             flush=True,
         )
 
-    token = sc.token
     try:
-        incarnation, seq = load_snapshot(
-            address=sc.address,
-            publisher=sc.publisher,
-            publication=sc.publication,
-            subscriber=cfg.server_name,
-            subscription=sc.id,
-            target=cfg.sqlite_target_path if sqlite_target else cfg.target,
-            spark=spark,
-            metadata=(("x-txrepl-token", token),) if token else None,
-            on_progress=progress,
-            role=cfg.apply.role or None,
-            tables=tables,
-        )
+        # The daemon's builder: the same token (token_file too), role, tables and Spark.
+        incarnation, seq = snapshot_loader(cfg, sc, spark, on_progress=progress)()
     except SnapshotError as e:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)
         return 1

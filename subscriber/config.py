@@ -26,12 +26,14 @@ port, ``[auth] admin_token_hashes`` for control calls,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from pathlib import Path
 from typing import Literal
 
 from common.backoff import Backoff
 from common.config import load_toml, parse_address
+from common.dburl import DatabaseUrl
 from common.security import ClientTls, ServerTls, check_hash, check_listen
 from subscriber.schedule import Schedule
 
@@ -211,10 +213,7 @@ class SubscriberConfig:
         if not _NAME.match(self.server_name):
             raise ValueError(f"server_name {self.server_name!r} is not a valid name")
         parse_address(self.control_listen, field="control_listen")
-        if not (self.target.startswith("sqlite:///") or self.target.startswith("postgresql")):
-            raise ValueError(
-                f"target {self.target!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-            )
+        _ = self.target_url  # parsed once: refused here, naming the field and the forms
         pairs = [(s.publisher, s.publication) for s in self.subscription]
         twice = sorted({f"{a}.{b}" for a, b in pairs if pairs.count((a, b)) > 1})
         if twice:
@@ -251,10 +250,10 @@ class SubscriberConfig:
     def data_path(self) -> Path:
         return self.path(self.data_dir)
 
-    @property
-    def sqlite_target_path(self) -> Path:
-        assert self.target.startswith("sqlite:///")
-        return self.path(self.target[len("sqlite:///") :])
+    @functools.cached_property
+    def target_url(self) -> DatabaseUrl:
+        """``target`` parsed (a relative SQLite path is relative to the config file)."""
+        return DatabaseUrl.parse(self.target, field="target", base_dir=self.config_dir)
 
 
 def load_config(path: str | Path) -> SubscriberConfig:

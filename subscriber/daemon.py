@@ -21,9 +21,8 @@ at scrape time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -51,14 +50,13 @@ from subscriber.apply import (
     Applier,
     ApplyResult,
     Planned,
-    SparkSettings,
     Writer,
     create_spark_session,
-    open_writer,
 )
-from subscriber.config import SubscriberConfig, SubscriptionConfig
+from subscriber.config import SubscriberConfig
 from subscriber.control import ControlService
 from subscriber.subscription import STATES, SubscriptionRunner
+from subscriber.targets import open_writer, resolve_token, snapshot_loader, spark_settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -179,14 +177,6 @@ class SubscriberCollector:
         yield from (level, head, lag, lag_s, state, entries, rows)
 
 
-def resolve_token(sc: SubscriptionConfig, config: SubscriberConfig) -> SubscriptionConfig:
-    """The subscription with ``token`` read from ``token_file`` (if one is given)."""
-    if not sc.token_file:
-        return sc
-    token = config.path(sc.token_file).read_text(encoding="utf-8").strip()
-    return dataclasses.replace(sc, token=token, token_file="")
-
-
 class Subscriber:
     def __init__(self, config: SubscriberConfig) -> None:
         self.config = config
@@ -200,13 +190,10 @@ class Subscriber:
     def open(self) -> None:
         cfg = self.config
         cfg.data_path.mkdir(parents=True, exist_ok=True)
-        s = cfg.spark
-        self.spark = create_spark_session(
-            SparkSettings.from_config(s)  # executors' cores, memory and Python too
-        )
+        self.spark = create_spark_session(spark_settings(cfg))  # executors' settings too
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         for sc in cfg.subscription:
-            writer = open_writer(cfg.target, cfg.apply, base_dir=cfg.config_dir)
+            writer = open_writer(cfg.target_url, cfg.apply)
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
             applier.configure(cfg.apply)  # error policy, retries, transforms, history
             self.runners[sc.id] = SubscriptionRunner(
@@ -216,38 +203,9 @@ class Subscriber:
                 batch=cfg.batch,
                 backoff=cfg.backoff,
                 channel_factory=aio_channel_factory(sc.client_tls, cfg.path),
-                snapshot=self._snapshot_loader(sc),
+                # The same builder as ``txrepl subscriber reinit`` (subscriber/targets).
+                snapshot=snapshot_loader(cfg, sc, self.spark),
             )
-
-    def _snapshot_loader(self, sc: SubscriptionConfig) -> Callable[[], tuple[str, int]] | None:
-        """Loads snapshots into a SQLite or PostgreSQL target (subscriber/reinit.py)."""
-        cfg = self.config
-        sqlite_target = cfg.target.startswith("sqlite:///")
-        if not sqlite_target and not cfg.target.startswith(("postgresql://", "postgres://")):
-            return None
-        spark = self.spark
-        assert spark is not None
-        sub = resolve_token(sc, cfg)
-        metadata = (("x-txrepl-token", sub.token),) if sub.token else None
-
-        def load() -> tuple[str, int]:
-            from subscriber.apply import ApplyOptions
-            from subscriber.reinit import load_snapshot
-
-            return load_snapshot(
-                address=sc.address,
-                publisher=sc.publisher,
-                publication=sc.publication,
-                subscriber=cfg.server_name,
-                subscription=sc.id,
-                target=cfg.sqlite_target_path if sqlite_target else cfg.target,
-                spark=spark,
-                metadata=metadata,
-                role=cfg.apply.role or None,
-                tables=ApplyOptions.from_config(cfg.apply).tables,
-            )
-
-        return load
 
     async def serve(self) -> None:
         cfg = self.config

@@ -3,7 +3,8 @@
 Reads the subscriber config for the target URL and ``[apply]`` settings; needs no
 running daemon (``retry`` starts a local Spark session to apply the entry).  After
 ``retry`` or ``skip``, reconnect the subscription so the daemon re-reads its level.
-Hook it into ``subscriber/cli.py`` with ``errors_cli.register(psub)``.
+Hook it into ``subscriber/cli.py`` with ``errors_cli.register(psub)``.  The imports
+inside the functions defer Spark and the targets' drivers to the command that runs.
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ def register(subparsers: Any) -> None:
 
 
 def _writer(args: argparse.Namespace) -> Any:
-    from subscriber.apply import open_writer
     from subscriber.config import load_config
+    from subscriber.targets import open_writer
 
     cfg = load_config(args.config)
-    return cfg, open_writer(cfg.target, cfg.apply, base_dir=cfg.config_dir)
+    return cfg, open_writer(cfg.target_url, cfg.apply)
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -262,8 +262,8 @@ class Pair:
 
     def load_snapshot(self, target: str | Path, **more: Any) -> int:
         """Load this publication's snapshot into ``target`` in this process
-        (subscriber/reinit.py, as ``sub1``); returns the snapshot's seq."""
-        from subscriber.reinit import load_snapshot
+        (subscriber/targets, as ``sub1``); returns the snapshot's seq."""
+        from subscriber.targets import load_snapshot
 
         assert self.pub is not None
         return load_snapshot(

@@ -432,6 +432,7 @@ class EventBuffer:
 
 def net_effect_df(df: DataFrame, key_columns: Sequence[str]) -> DataFrame:
     """Keep, per primary key, only the last event in (_seq, _pos) order (lazy)."""
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -457,6 +458,7 @@ def net_effect_positions(
     shape share columns (the others are NULL there); Spark groups by ``_s`` and
     the key columns and keeps ``max(_pos)`` and ``min(_pos)``.
     """
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import functions as F
 
     parts: list[pa.Table] = []

@@ -46,6 +46,7 @@ _OP_LETTER = {1: "I", 2: "U", 3: "D"}
 
 def _spark_type_to_logical(dtype: Any) -> tuple[int, str]:
     """(logical type, Spark cast for the in-flight form) of a computed column."""
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import types as st
 
     if isinstance(dtype, st.LongType | st.IntegerType | st.ShortType | st.ByteType):
@@ -138,6 +139,7 @@ def target_schema(
 
 def _named(df: DataFrame, source: pb.TableSchema) -> DataFrame:
     """Positional columns (c{i} / v{i}) -> the source's names."""
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import functions as F
 
     cols = [F.col("_seq"), F.col("_pos"), F.col("_del"), F.col("_op")]
@@ -148,6 +150,7 @@ def _named(df: DataFrame, source: pb.TableSchema) -> DataFrame:
 
 
 def _positional(df: DataFrame, exprs: Sequence[tuple[str, str]], keep: Sequence[str]) -> DataFrame:
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import functions as F
 
     cols = [F.col(k) for k in keep]
@@ -162,6 +165,7 @@ def shaped_rows(
     exprs: Sequence[tuple[str, str]],
 ) -> tuple[pa.Table, pa.Table]:
     """(deletes, upserts) of the target table, from the net effect's survivors."""
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import functions as F
 
     df = _named(survivors, source)
@@ -180,6 +184,7 @@ def history_versions(
     first_seq: int,
 ) -> pa.Table:
     """Every version of the segment, with its seq range, op and commit time (target order)."""
+    # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

@@ -1,16 +1,33 @@
 """Errors of the apply engine.
 
-Tree::
+Tree (rooted at :class:`common.errors.TxreplError`)::
 
-    ApplyError                 a batch was not applied; the target is unchanged
-    ├── GapError               first_seq != level + 1 (or the incarnation changed)
-    ├── SchemaError            a row does not fit its table's schema, or no schema yet
-    ├── WriterError            the target refused the batch (constraint, I/O, lock)
-    │   └── TransientError     ... for a reason that may pass (connection lost, lock
-    │                          timeout, serialization failure, deadlock): retried
-    └── PoisonEntryError       one entry fails on its own, persistently: the entries
-                               before it were applied (level = seq - 1) and it is
-                               stored whole in the target's ``txrepl_errors``
+    TxreplError
+    ├── ApplyError               a batch was not applied; the target is unchanged
+    │   ├── GapError             first_seq != level + 1 (or the incarnation changed)
+    │   ├── SchemaError          a row does not fit its table's schema, or no schema
+    │   │                        yet, or a transform's expression does not analyse
+    │   ├── WriterError          the target refused the batch (constraint, I/O, lock)
+    │   │   └── TransientError   ... for a reason that may pass (connection lost, lock
+    │   │                        timeout, serialization failure, deadlock): retried;
+    │   │                        also a common.errors.TransientError
+    │   └── PoisonEntryError     one entry fails on its own, persistently: the entries
+    │                            before it were applied (level = seq - 1) and it is
+    │                            stored whole in the target's ``txrepl_errors``
+    └── SparkError               Spark could not do the apply's work (translated from
+        │                        py4j / pyspark, subscriber/apply/_spark.py); not an
+        │                        ApplyError: never narrowed nor stored, the
+        │                        subscription reconnects and tries the batch again
+        ├── SparkUnavailable     the gateway or the JVM is gone; also a
+        │                        common.errors.TransientError
+        ├── SparkJobError        a job failed (executors lost, a task error); also a
+        │                        common.errors.TransientError
+        └── SparkQueryError      Spark refused a query (AnalysisException); also a
+                                 common.errors.PermanentError
+
+Foreign errors are translated where they arise: the driver's in each target's
+writer (``subscriber.targets``), py4j's and Spark's at the Spark boundary
+(:mod:`subscriber.apply._spark`).
 
 Every error names the subscription and, where known, the seq and the table.  The
 target transaction is always rolled back before one is raised, so the stored level
@@ -21,17 +38,23 @@ the target now stands).
 
 from __future__ import annotations
 
+from common import errors as common
+
 __all__ = [
     "ApplyError",
     "GapError",
     "PoisonEntryError",
     "SchemaError",
+    "SparkError",
+    "SparkJobError",
+    "SparkQueryError",
+    "SparkUnavailable",
     "TransientError",
     "WriterError",
 ]
 
 
-class ApplyError(Exception):
+class ApplyError(common.TxreplError):
     """A batch could not be applied; nothing of it reached the target."""
 
     def __init__(
@@ -70,7 +93,7 @@ class WriterError(ApplyError):
     """The target database refused the batch (translated from the driver's error)."""
 
 
-class TransientError(WriterError):
+class TransientError(WriterError, common.TransientError):
     """The target failed for a reason that may pass: retrying the same batch may work."""
 
 
@@ -93,3 +116,19 @@ class PoisonEntryError(ApplyError):
         self.level = level
         self.error = error
         self.cause = cause
+
+
+class SparkError(common.TxreplError):
+    """Spark could not do the apply's work (see :mod:`subscriber.apply._spark`)."""
+
+
+class SparkUnavailable(SparkError, common.TransientError):
+    """Spark's gateway or JVM is gone: a new session (or the cluster's return) may help."""
+
+
+class SparkJobError(SparkError, common.TransientError):
+    """A Spark job failed (executors lost, a task error): running it again may work."""
+
+
+class SparkQueryError(SparkError, common.PermanentError):
+    """Spark refused a query (it does not analyse): retrying cannot help."""

@@ -1,22 +1,20 @@
-"""How an :class:`~subscriber.apply.Applier` behaves, and opening a writer from a target URL.
+"""How an :class:`~subscriber.apply.Applier` behaves.
 
 ``ApplyOptions`` mirrors ``[apply]`` of the subscriber config (``subscriber.config``
 keeps the TOML side free of Spark and Arrow); :meth:`ApplyOptions.from_config`
-converts, :func:`open_writer` picks the writer by the target URL's scheme.
+converts.  The writer a target URL gets is the registry's business
+(``subscriber.targets.open_writer``): the apply knows only the Writer protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from subscriber.apply.postgres import PostgresWriter
-from subscriber.apply.sqlite import SqliteWriter
-from subscriber.apply.writer import Writer
+from common.backoff import Backoff
 
-__all__ = ["ApplyOptions", "TableOptions", "open_writer"]
+__all__ = ["ApplyOptions", "TableOptions"]
 
 
 @dataclass(frozen=True)
@@ -57,8 +55,10 @@ class ApplyOptions:
 
     error_policy: str = "stop"  # or "skip": store the poisoned entry and move past it
     retries: int = 5  # attempts in all for a transient target error
-    retry_initial_s: float = 0.2
-    retry_max_s: float = 5.0
+    # Waits between them: 0.2 s, doubling, at most 5 s (no jitter: one applier per target).
+    retry_backoff: Backoff = field(
+        default_factory=lambda: Backoff(initial_s=0.2, max_s=5.0, multiplier=2.0, jitter=0.0)
+    )
     jdbc_min_rows: int = 0  # PostgreSQL: stage through Spark JDBC from this many rows
     # Plain-table batches of fewer row changes: net effect in the driver, no Spark
     # job (its fixed cost would bound the in-sync lag); 0: every batch through Spark.
@@ -93,20 +93,3 @@ class ApplyOptions:
                 for name, t in config.tables.items()
             },
         )
-
-
-def open_writer(url: str, config: Any = None, *, base_dir: str | Path = ".") -> Writer:
-    """The writer for a target URL: ``sqlite:///PATH`` or ``postgresql://...``.
-
-    ``config`` (a ``subscriber.config.ApplyConfig``, optional) gives the replay
-    role and ``session_replication_role`` for PostgreSQL; a relative SQLite path
-    is taken relative to ``base_dir``.
-    """
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///") :])
-        return SqliteWriter(path if path.is_absolute() else Path(base_dir) / path)
-    if url.startswith(("postgresql://", "postgres://")):
-        role = getattr(config, "role", "") or None
-        replication_role = getattr(config, "replication_role", "replica")
-        return PostgresWriter(url, role=role, replication_role=replication_role)
-    raise ValueError(f"target {url!r}: use sqlite:///PATH or postgresql://USER@HOST:PORT/DB")

@@ -93,6 +93,7 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
     os.environ["PYSPARK_PYTHON"] = python
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
+    # deferred: pyspark loads when a session is made, not with this module
     from pyspark.sql import SparkSession
 
     conf: dict[str, str] = {

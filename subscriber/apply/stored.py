@@ -8,6 +8,7 @@ act only where the subscription stands: the level must be just before the entry.
 
 from __future__ import annotations
 
+from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.engine import Applier, ApplyResult
 from subscriber.apply.errors import ApplyError
 from subscriber.apply.writer import StoredError, Writer
@@ -34,8 +35,6 @@ def retry_error(applier: Applier, seq: int) -> ApplyResult:
     there), and :class:`PoisonEntryError` if it fails again (the stored error text
     is then updated).
     """
-    from common.rpc import txrepl_pb2 as pb
-
     stored = _find(applier.writer, applier.subscription, seq)
     if stored.status == "applied":
         raise ApplyError("already applied", subscription=applier.subscription, seq=seq)

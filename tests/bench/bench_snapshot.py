@@ -6,7 +6,7 @@ Two systems on the same table, in the same run, on private clusters:
                the table in a PostgreSQL source database (on the source cluster)
                or in a SQLite source file, a real publisher process (its capture
                installs the table first and logs its rows; that time is reported
-               apart), then :func:`subscriber.reinit.load_snapshot` into a PostgreSQL
+               apart), then :func:`subscriber.targets.load_snapshot` into a PostgreSQL
                database (what ``txrepl subscriber reinit`` and ``initial =
                "snapshot"`` run): the publisher pins a snapshot, streams it over
                gRPC, the subscriber side COPYs it into shadow tables and swaps them
@@ -27,7 +27,7 @@ created_at timestamptz.  Knobs: ``TXREPL_BENCH_SNAPSHOT_ROWS`` (default 1,000,00
                the SQLite source again, loaded with ``[apply.tables.items]``
                transforms (another target table, a renamed column, a computed
                column, a filter keeping every other row): each 10,000-row chunk
-               goes through a Spark job in this process (subscriber/reinit_shape.py).
+               goes through a Spark job in this process (subscriber/reinit/shape.py).
                Its rows/s count the rows received, as the others'.
 """
 
@@ -174,7 +174,7 @@ def txrepl(
     base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str, spark: Any = None
 ) -> dict[str, Any]:
     from subscriber.apply import TableOptions
-    from subscriber.reinit import load_snapshot
+    from subscriber.targets import load_snapshot
 
     work = Path(tempfile.mkdtemp(prefix=f"snapshot-{run_no}-", dir=base))
     stamp = f"{os.getpid()}_{run_no}_{int(time.time() * 1000) % 10**7}"

@@ -24,14 +24,14 @@ from subscriber.apply import (
     ApplyError,
     GapError,
     PoisonEntryError,
-    PostgresWriter,
     RawEntry,
     SchemaError,
-    SqliteWriter,
     Writer,
     WriterError,
 )
 from subscriber.apply.writer import RowsStep
+from subscriber.targets.postgres import PostgresWriter
+from subscriber.targets.sqlite import SqliteWriter
 from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op, upd
 
 pytestmark = pytest.mark.spark

@@ -68,13 +68,8 @@ def make_entry(seq: int) -> pb.Entry:
 
 
 def child(target: str, total: int) -> None:
-    from subscriber.apply import (
-        Applier,
-        ApplyOptions,
-        SparkSettings,
-        SqliteWriter,
-        create_spark_session,
-    )
+    from subscriber.apply import Applier, ApplyOptions, SparkSettings, create_spark_session
+    from subscriber.targets.sqlite import SqliteWriter
 
     spark = create_spark_session(SparkSettings(master="local[2]", app_name="txrepl-crash"))
     # Every batch through Spark, however small: this is the Spark apply under kills.

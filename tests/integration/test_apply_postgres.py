@@ -12,14 +12,8 @@ import psycopg
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import (
-    Applier,
-    GapError,
-    PoisonEntryError,
-    PostgresWriter,
-    TransientError,
-    WriterError,
-)
+from subscriber.apply import Applier, GapError, PoisonEntryError, TransientError, WriterError
+from subscriber.targets.postgres import PostgresWriter
 from tests.unit.test_apply_sqlite import INC, ITEMS, T, col, dele, entry, ins, schema_op, upd
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]

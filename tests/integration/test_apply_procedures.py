@@ -10,7 +10,9 @@ import pytest
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier, PostgresWriter, SqliteWriter
+from subscriber.apply import Applier
+from subscriber.targets.postgres import PostgresWriter
+from subscriber.targets.sqlite import SqliteWriter
 from tests.unit.test_apply_sqlite import INC, ITEMS, entry, ins, schema_op
 
 pytestmark = pytest.mark.spark

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier, ApplyOptions, PoisonEntryError, SqliteWriter
+from subscriber.apply import Applier, ApplyOptions, PoisonEntryError
+from subscriber.targets.sqlite import SqliteWriter
 
 pytestmark = pytest.mark.spark
 

@@ -352,9 +352,10 @@ def bulk_runner(
     """A running subscription to "bulk" (``backlog`` entries published first) through a
     HeldApplier."""
     from common.backoff import Backoff
-    from subscriber.apply import Applier, SqliteWriter
+    from subscriber.apply import Applier
     from subscriber.config import SubscriptionConfig
     from subscriber.subscription import SubscriptionRunner
+    from subscriber.targets.sqlite import SqliteWriter
 
     pub.publish("bulk", backlog)
     config = SubscriptionConfig(publisher="pub1", address=pub.address, publication="bulk")

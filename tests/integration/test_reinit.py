@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from common.security import hash_token
 from tests.feedclient import RawSubscriber
 from tests.harness import Pair, wait_until
 from tests.integration.test_end_to_end import (
@@ -95,6 +96,39 @@ def test_invalid_by_max_delta_then_reinit_then_valid_and_converges(tmp_path: Pat
         wait_until(lambda: pair.status().state == "in_sync", 60, "in sync after reinit")
     finally:
         pair.stop()
+
+
+def test_reinit_cli_authenticates_with_the_subscriptions_token_file(tmp_path: Path) -> None:
+    """`txrepl subscriber reinit` sends the token of the subscription's ``token_file``
+    (the daemon's snapshot loader does; the command used to send none and was refused)."""
+    token = "sub1-secret-token"
+    token_file = tmp_path / "sub1.token"
+    token_file.write_text(token + "\n")
+    pair = Pair(
+        tmp_path,
+        tables=["counter", "ledger"],
+        publisher_extra={
+            "auth": {"admin_token_hashes": [hash_token("admin-secret-token")]},
+            "subscriber": [
+                {"name": "sub1", "token_hash": hash_token(token), "publications": ["shop"]}
+            ],
+        },
+        subscription_extra={"token_file": str(token_file)},
+    )
+    src = ledger_source(pair.source_path)
+    try:
+        pub = pair.start_publisher()
+        ledger_txns(src, 1, 20)
+        pair.write_subscriber_config(pub.address)  # no daemon: the command loads alone
+        out = subprocess.run(
+            [*pair.reinit_argv(), "--no-mark-valid"], capture_output=True, text=True, timeout=180
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "loaded snapshot of 'shop'" in out.stdout
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS, timeout=10)
+    finally:
+        pair.stop()
+        src.close()
 
 
 def test_new_subscriber_after_purge_starts_from_a_snapshot(tmp_path: Path) -> None:

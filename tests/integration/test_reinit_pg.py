@@ -21,7 +21,8 @@ import psycopg
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.reinit import SnapshotError, load_snapshot
+from subscriber.reinit import SnapshotError
+from subscriber.targets import load_snapshot
 from tests.harness import ROOT, Pair, wait_until
 from tests.workload import W1, W1_COLUMNS, diff_tables, run_sqlite, sqlite_source, w1_checksum
 

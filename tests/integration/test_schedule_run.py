@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from common.backoff import Backoff
-from subscriber.apply import Applier, SqliteWriter
+from subscriber.apply import Applier
 from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.schedule import FakeClock, Schedule
 from subscriber.subscription import SubscriptionRunner
+from subscriber.targets.sqlite import SqliteWriter
 from tests.harness import Pair
 from tests.integration.test_end_to_end import ledger_source, ledger_txns
 

@@ -17,10 +17,8 @@ import pytest
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import (
-    Applier,
-    SqliteWriter,
-)
+from subscriber.apply import Applier
+from subscriber.targets.sqlite import SqliteWriter
 
 pytestmark = pytest.mark.spark
 

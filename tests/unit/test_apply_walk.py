@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import _walk, engine
-from subscriber.apply.bench import W1_SCHEMAS, w1_entries
+from subscriber.apply import _plan, _walk, engine
 from subscriber.apply.errors import ApplyError
 from subscriber.apply.options import ApplyOptions, TableOptions
+from tests.fixtures.w1_entries import W1_SCHEMAS, w1_entries
 
 T = pb.ColumnType
 TYPES = list(T.values())  # every column type, UNSPECIFIED included
@@ -325,12 +325,12 @@ def _reencode(draw: Any, entry: pb.Entry) -> bytes:
 @given(batch=batches(), vector_min=st.sampled_from([1, 2, 32]), scalar=st.sampled_from([1, 3, 16]))
 def test_walk_matches_the_python_walk(batch: Any, vector_min: int, scalar: int) -> None:
     first_seq, entries, schemas, options, clean = batch
-    saved = engine._VECTOR_MIN, _walk._SCALAR
-    engine._VECTOR_MIN, _walk._SCALAR = vector_min, scalar
+    saved = _plan._VECTOR_MIN, _walk._SCALAR
+    _plan._VECTOR_MIN, _walk._SCALAR = vector_min, scalar
     try:
         check(first_seq, entries, schemas, options, clean)
     finally:
-        engine._VECTOR_MIN, _walk._SCALAR = saved
+        _plan._VECTOR_MIN, _walk._SCALAR = saved
 
 
 def _entry(*changes: pb.RowChange) -> pb.Entry:
@@ -354,7 +354,7 @@ def _walked(entries: list[Any]) -> _walk.Walked:
 
 
 def test_events_of_a_key_change_and_a_delete(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine, "_VECTOR_MIN", 1)
+    monkeypatch.setattr(_plan, "_VECTOR_MIN", 1)
     k = [pb.Value(int=i) for i in range(4)]
     v = pb.Value(text="x")
     entries = [

@@ -208,8 +208,8 @@ def test_in_flight_values_go_back_to_the_same_values(
     ctype: pb.ColumnType.ValueType, seed: int
 ) -> None:
     """A snapshot row shaped by transforms goes back to ``Value`` messages
-    (subscriber/reinit_shape.py): every in-flight form returns the value it came from."""
-    from subscriber.reinit_shape import _backs
+    (subscriber/reinit/shape.py): every in-flight form returns the value it came from."""
+    from subscriber.reinit.shape import _backs
 
     rng = random.Random(seed)
     cells = [_value(ctype, rng) for _ in range(300)]

@@ -29,11 +29,13 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
-from subscriber.apply.procedures import Procedure, load_procedures
 from subscriber.apply.writer import (
     CallStep,
     HistoryStep,
@@ -44,16 +46,17 @@ from subscriber.apply.writer import (
     StoredError,
     SubscriptionState,
     TruncateStep,
-    check_level,
     column_of,
     python_values,
 )
+from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.procedures import Procedure, load_procedures
 
-__all__ = ["SqliteWriter"]
+__all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
 
 T = pb.ColumnType
 
-_DECLARED: dict[int, str] = {
+DECLARED: dict[int, str] = {
     T.COLUMN_TYPE_INTEGER: "INTEGER",
     T.COLUMN_TYPE_DECIMAL: "TEXT",
     T.COLUMN_TYPE_FLOAT: "REAL",
@@ -67,7 +70,7 @@ _DECLARED: dict[int, str] = {
     T.COLUMN_TYPE_JSON: "TEXT",
 }
 
-_METADATA = """
+METADATA = """
 CREATE TABLE IF NOT EXISTS txrepl_subscriptions (
     subscription TEXT PRIMARY KEY,
     incarnation  TEXT NOT NULL,
@@ -102,6 +105,11 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat()
 
 
+# The metadata statements (subscriber/targets/metadata.py) as SQLite spells them;
+# BEGIN IMMEDIATE holds the write lock, so the level row needs no lock of its own.
+METADATA_SQL = MetadataSql(mark=":{}", now=":now", now_value=_now)
+
+
 def sqlite_value(v: object) -> object:
     """A Python value of ``common.values`` in the form this writer stores."""
     if v is None or isinstance(v, int | float | str | bytes):
@@ -113,10 +121,7 @@ def sqlite_value(v: object) -> object:
     raise TypeError(f"no SQLite form for {type(v).__name__}")
 
 
-def _column_values(table: object, index: int, column: pb.Column) -> list[object]:
-    import pyarrow as pa
-
-    assert isinstance(table, pa.Table)
+def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[object]:
     col, variant = column_of(table, index)
     t = column.type
     if not variant and t in (
@@ -156,7 +161,7 @@ class SqliteWriter:
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.executescript(_METADATA)
+            self._conn.executescript(METADATA)
             cols = [r[1] for r in self._conn.execute("PRAGMA table_info(txrepl_errors)")]
             if "status" not in cols:  # made by an earlier build
                 self._conn.execute(
@@ -173,23 +178,11 @@ class SqliteWriter:
     def load_state(self, subscription: str) -> SubscriptionState:
         with self._lock:
             try:
-                row = self._conn.execute(
-                    "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
-                    (subscription,),
-                ).fetchone()
-                schemas: dict[str, pb.TableSchema] = {}
-                for name, blob in self._conn.execute(
-                    "SELECT table_name, schema FROM txrepl_schemas WHERE subscription = ?",
-                    (subscription,),
-                ):
-                    schemas[name] = pb.TableSchema.FromString(blob)
+                return METADATA_SQL.load_state(self._conn, subscription)
             except sqlite3.Error as exc:
                 raise WriterError(
                     f"cannot read state from {self.path}: {exc}", subscription=subscription
                 ) from exc
-        if row is None:
-            return SubscriptionState(0, "", schemas)
-        return SubscriptionState(int(row[1]), str(row[0]), schemas)
 
     def write(
         self,
@@ -203,12 +196,11 @@ class SqliteWriter:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                level, stored = self._level(subscription)
-                check_level(subscription, incarnation, first_seq, level, stored)
+                METADATA_SQL.check_and_lock(conn, subscription, incarnation, first_seq)
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
-                self._set_level(subscription, incarnation, last_seq)
+                METADATA_SQL.set_level(conn, subscription, incarnation, last_seq)
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:
@@ -232,22 +224,17 @@ class SqliteWriter:
                 seq=seq,
             ) from exc
 
-    def _level(self, subscription: str) -> tuple[int, str]:
-        row = self._conn.execute(
-            "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = ?",
-            (subscription,),
-        ).fetchone()
-        return (int(row[1]), str(row[0])) if row else (0, "")
-
-    def _set_level(self, subscription: str, incarnation: str, level: int) -> None:
-        self._conn.execute(
-            "INSERT INTO txrepl_subscriptions"
-            " (subscription, incarnation, level, updated_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (subscription) DO UPDATE SET"
-            " incarnation = excluded.incarnation, level = excluded.level,"
-            " updated_at = excluded.updated_at",
-            (subscription, incarnation, level, _now()),
-        )
+    def _in_transaction(self, subscription: str, seq: int, body: Any) -> Any:
+        """``body(connection)`` in one ``BEGIN IMMEDIATE`` transaction; translated errors."""
+        with self._lock:
+            try:
+                self._conn.execute("BEGIN IMMEDIATE")
+                result = body(self._conn)
+                self._conn.execute("COMMIT")
+                return result
+            except BaseException as exc:
+                self._fail(exc, subscription, seq)
+                raise
 
     # -- errors ----------------------------------------------------------------
 
@@ -261,73 +248,31 @@ class SqliteWriter:
         *,
         skip: bool,
     ) -> None:
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                level, stored = self._level(subscription)
-                check_level(subscription, incarnation, seq, level, stored)
-                self._conn.execute(
-                    "INSERT INTO txrepl_errors"
-                    " (subscription, seq, entry, error, created_at, status)"
-                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (subscription, seq) DO UPDATE SET"
-                    " entry = excluded.entry, error = excluded.error,"
-                    " created_at = excluded.created_at, status = excluded.status",
-                    (subscription, seq, entry, error, _now(), "skipped" if skip else "open"),
-                )
-                if skip:
-                    self._set_level(subscription, incarnation, seq)
-                self._conn.execute("COMMIT")
-            except BaseException as exc:
-                self._fail(exc, subscription, seq)
-                raise
+        self._in_transaction(
+            subscription,
+            seq,
+            lambda conn: METADATA_SQL.record_error(
+                conn, subscription, incarnation, seq, entry, error, skip=skip
+            ),
+        )
 
     def list_errors(self, subscription: str | None = None) -> list[StoredError]:
         with self._lock:
             try:
-                rows = self._conn.execute(
-                    "SELECT subscription, seq, entry, error, created_at, status"
-                    " FROM txrepl_errors WHERE ? IS NULL OR subscription = ?"
-                    " ORDER BY subscription, seq",
-                    (subscription, subscription),
-                ).fetchall()
+                return METADATA_SQL.list_errors(self._conn, subscription)
             except sqlite3.Error as exc:
                 raise WriterError(f"cannot read txrepl_errors from {self.path}: {exc}") from exc
-        return [StoredError(r[0], int(r[1]), bytes(r[2]), r[3], r[4], r[5]) for r in rows]
 
     def skip_error(self, subscription: str, seq: int) -> int:
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                level, stored = self._level(subscription)
-                cur = self._conn.execute(
-                    "UPDATE txrepl_errors SET status = 'skipped'"
-                    " WHERE subscription = ? AND seq = ?",
-                    (subscription, seq),
-                )
-                if cur.rowcount != 1:
-                    raise ApplyError("no stored error", subscription=subscription, seq=seq)
-                if level < seq - 1:
-                    raise ApplyError(
-                        f"the level is {level}: entries before {seq} are not applied yet",
-                        subscription=subscription,
-                        seq=seq,
-                    )
-                if level == seq - 1:
-                    self._set_level(subscription, stored, seq)
-                    level = seq
-                self._conn.execute("COMMIT")
-                return level
-            except BaseException as exc:
-                self._fail(exc, subscription, seq)
-                raise
+        level: int = self._in_transaction(
+            subscription, seq, lambda conn: METADATA_SQL.skip_error(conn, subscription, seq)
+        )
+        return level
 
     def mark_error(self, subscription: str, seq: int, status: str) -> None:
         with self._lock:
             try:
-                self._conn.execute(
-                    "UPDATE txrepl_errors SET status = ? WHERE subscription = ? AND seq = ?",
-                    (status, subscription, seq),
-                )
+                METADATA_SQL.mark_error(self._conn, subscription, seq, status)
             except sqlite3.Error as exc:
                 raise WriterError(f"cannot update txrepl_errors in {self.path}: {exc}") from exc
 
@@ -367,7 +312,7 @@ class SqliteWriter:
         if not existing:
             cols = []
             for c in schema.columns:
-                decl = _DECLARED.get(c.type, "")
+                decl = DECLARED.get(c.type, "")
                 null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
                 cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
             pk = ", ".join(quote(k) for k in schema.primary_key)
@@ -380,16 +325,11 @@ class SqliteWriter:
                 if c.name.lower() not in have:
                     # SQLite cannot add a NOT NULL column without a default: added columns
                     # are nullable on the target (the source's rows fill them).
-                    decl = _DECLARED.get(c.type, "")
+                    decl = DECLARED.get(c.type, "")
                     self._conn.execute(
                         f"ALTER TABLE {quote(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
                     )
-        self._conn.execute(
-            "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
-            " VALUES (?, ?, ?, ?) ON CONFLICT (subscription, table_name) DO UPDATE SET"
-            " schema = excluded.schema, updated_at = excluded.updated_at",
-            (subscription, source.table, source.SerializeToString(), _now()),
-        )
+        METADATA_SQL.record_schema(self._conn, subscription, source)
 
     def _rows(self, step: RowsStep) -> int:
         schema = step.schema

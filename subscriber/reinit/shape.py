@@ -2,22 +2,22 @@
 
 A published table with ``[apply.tables.<table>]`` transforms (renamed, dropped and
 computed columns, a row filter, another target table) is loaded into its *target*
-table, in the shape the apply gives its changes (subscriber/apply/_shape.py):
+table, in the shape the apply gives its changes (the public face of :mod:`subscriber.apply`):
 
 1. At the snapshot's start, the target schema and the column expressions come from
-   :func:`~subscriber.apply._shape.target_schema`, as the apply derives them from
+   :func:`~subscriber.apply.target_schema`, as the apply derives them from
    the same source schema.
 2. Each chunk of snapshot rows becomes INSERT events of the source table (the
-   apply's :class:`~subscriber.apply._events.EventBuffer`, so expressions and the
+   apply's :class:`~subscriber.apply.EventBuffer`, so expressions and the
    filter see the same in-flight forms: decimals as text, timestamps as
-   microseconds), goes through :func:`~subscriber.apply._shape.shaped_rows` (one
+   microseconds), goes through :func:`~subscriber.apply.shaped_rows` (one
    Spark job per chunk; every key occurs once, so the events are their own net
    effect), and rows outside the filter are left out (a snapshot has nothing to
    delete).
 3. The target rows go back to ``Value`` messages of the target schema, so the
    SQLite and PostgreSQL loaders take them like any published row.
 
-History mode is refused (:class:`~subscriber.reinit.SnapshotRefused`): a snapshot
+History mode is refused (:class:`~subscriber.reinit.errors.SnapshotRefused`): a snapshot
 would replace the versions the table keeps with the current rows.  A source
 column whose values do not fit its declared type (SQLite) reaches Spark as
 serialized values, which expressions cannot read: such a chunk fails the snapshot
@@ -32,12 +32,15 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._events import EventBuffer
-from subscriber.apply._shape import shaped_rows, target_schema
-from subscriber.apply.errors import SchemaError
-from subscriber.apply.options import TableOptions
-from subscriber.apply.session import arrow_frame
-from subscriber.reinit import SnapshotError, SnapshotRefused
+from subscriber.apply import (
+    EventBuffer,
+    SchemaError,
+    TableOptions,
+    arrow_frame,
+    shaped_rows,
+    target_schema,
+)
+from subscriber.reinit.errors import SnapshotError, SnapshotRefused
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

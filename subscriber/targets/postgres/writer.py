@@ -31,7 +31,7 @@ same shape) is emptied with TRUNCATE before its second use.  A new connection st
 with none.
 
 Large rows steps (``[apply] jdbc_min_rows``, off by default) are staged by Spark over
-JDBC before the transaction instead of by COPY inside it (``_pgjdbc.py``); the
+JDBC before the transaction instead of by COPY inside it (``_jdbc.py``); the
 transaction merges from those tables the same way, then empties them.
 
 Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
@@ -58,10 +58,7 @@ from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._pgcopy import csv_bytes, pg_type
-from subscriber.apply._pgjdbc import JdbcStager
-from subscriber.apply.errors import ApplyError, TransientError, WriterError
-from subscriber.apply.procedures import Procedure, load_procedures
+from subscriber.apply.errors import TransientError, WriterError
 from subscriber.apply.writer import (
     CallStep,
     HistoryStep,
@@ -72,14 +69,17 @@ from subscriber.apply.writer import (
     StoredError,
     SubscriptionState,
     TruncateStep,
-    check_level,
 )
+from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.postgres._copy import csv_bytes, pg_type
+from subscriber.targets.postgres._jdbc import JdbcStager
+from subscriber.targets.procedures import Procedure, load_procedures
 
 log = structlog.get_logger(__name__)
 
-__all__ = ["PostgresWriter"]
+__all__ = ["METADATA", "METADATA_SQL", "PostgresWriter"]
 
-_METADATA = """
+METADATA = """
 CREATE TABLE IF NOT EXISTS txrepl_subscriptions (
     subscription text PRIMARY KEY,
     incarnation  text NOT NULL,
@@ -105,6 +105,12 @@ CREATE TABLE IF NOT EXISTS txrepl_errors (
 """
 
 Q = sql.Identifier
+
+# The metadata statements (subscriber/targets/metadata.py) as PostgreSQL spells them:
+# the level row is made if missing, then locked FOR UPDATE (a second applier waits).
+METADATA_SQL = MetadataSql(
+    mark="%({})s", now="now()", lock_suffix=" FOR UPDATE", make_level_row=True
+)
 
 
 def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
@@ -227,7 +233,7 @@ class PostgresWriter:
     def _init_metadata(cur: psycopg.Cursor[Any]) -> None:
         # Appliers starting together must not race on CREATE TABLE IF NOT EXISTS.
         cur.execute("SELECT pg_advisory_xact_lock(hashtext('txrepl metadata'))")
-        for stmt in _METADATA.split(";"):
+        for stmt in METADATA.split(";"):
             if stmt.strip():
                 cur.execute(stmt)
 
@@ -285,50 +291,11 @@ class PostgresWriter:
     # -- state -------------------------------------------------------------------
 
     def load_state(self, subscription: str) -> SubscriptionState:
-        def body(cur: psycopg.Cursor[Any]) -> SubscriptionState:
-            cur.execute(
-                "SELECT incarnation, level FROM txrepl_subscriptions WHERE subscription = %s",
-                (subscription,),
-            )
-            row = cur.fetchone()
-            cur.execute(
-                "SELECT table_name, schema FROM txrepl_schemas WHERE subscription = %s",
-                (subscription,),
-            )
-            schemas = {name: pb.TableSchema.FromString(bytes(b)) for name, b in cur.fetchall()}
-            if row is None:
-                return SubscriptionState(0, "", schemas)
-            return SubscriptionState(int(row[1]), str(row[0]), schemas)
-
         with self._lock:
-            state: SubscriptionState = self._run(subscription, None, body)
+            state: SubscriptionState = self._run(
+                subscription, None, lambda cur: METADATA_SQL.load_state(cur, subscription)
+            )
             return state
-
-    @staticmethod
-    def _lock_level(cur: psycopg.Cursor[Any], subscription: str) -> tuple[int, str]:
-        cur.execute(
-            "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
-            " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",
-            (subscription,),
-        )
-        cur.execute(
-            "SELECT level, incarnation FROM txrepl_subscriptions"
-            " WHERE subscription = %s FOR UPDATE",
-            (subscription,),
-        )
-        row = cur.fetchone()
-        assert row is not None
-        return int(row[0]), str(row[1])
-
-    @staticmethod
-    def _set_level(
-        cur: psycopg.Cursor[Any], subscription: str, incarnation: str, level: int
-    ) -> None:
-        cur.execute(
-            "UPDATE txrepl_subscriptions SET level = %s, incarnation = %s, updated_at = now()"
-            " WHERE subscription = %s",
-            (level, incarnation, subscription),
-        )
 
     def write(
         self,
@@ -339,12 +306,11 @@ class PostgresWriter:
         steps: Sequence[Step],
     ) -> int:
         def body(cur: psycopg.Cursor[Any]) -> int:
-            level, stored = self._lock_level(cur, subscription)
-            check_level(subscription, incarnation, first_seq, level, stored)
+            METADATA_SQL.check_and_lock(cur, subscription, incarnation, first_seq)
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
-            self._set_level(cur, subscription, incarnation, last_seq)
+            METADATA_SQL.set_level(cur, subscription, incarnation, last_seq)
             return written
 
         with self._lock:
@@ -428,12 +394,7 @@ class PostgresWriter:
                             Q(target.table), Q(c.name), sql.SQL(pg_type(c))
                         )
                     )
-        cur.execute(
-            "INSERT INTO txrepl_schemas (subscription, table_name, schema) VALUES (%s, %s, %s)"
-            " ON CONFLICT (subscription, table_name) DO UPDATE SET"
-            " schema = excluded.schema, updated_at = now()",
-            (subscription, step.schema.table, step.schema.SerializeToString()),
-        )
+        METADATA_SQL.record_schema(cur, subscription, step.schema)
 
     def _stage(
         self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int]
@@ -568,71 +529,36 @@ class PostgresWriter:
         *,
         skip: bool,
     ) -> None:
-        def body(cur: psycopg.Cursor[Any]) -> None:
-            level, stored = self._lock_level(cur, subscription)
-            check_level(subscription, incarnation, seq, level, stored)
-            cur.execute(
-                "INSERT INTO txrepl_errors (subscription, seq, entry, error, status)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (subscription, seq) DO UPDATE SET"
-                " entry = excluded.entry, error = excluded.error,"
-                " status = excluded.status, created_at = now()",
-                (subscription, seq, entry, error, "skipped" if skip else "open"),
-            )
-            if skip:
-                self._set_level(cur, subscription, incarnation, seq)
-
         with self._lock:
-            self._run(subscription, seq, body)
+            self._run(
+                subscription,
+                seq,
+                lambda cur: METADATA_SQL.record_error(
+                    cur, subscription, incarnation, seq, entry, error, skip=skip
+                ),
+            )
 
     def list_errors(self, subscription: str | None = None) -> list[StoredError]:
-        def body(cur: psycopg.Cursor[Any]) -> list[StoredError]:
-            cur.execute(
-                "SELECT subscription, seq, entry, error, created_at, status FROM txrepl_errors"
-                " WHERE %s::text IS NULL OR subscription = %s ORDER BY subscription, seq",
-                (subscription, subscription),
-            )
-            return [
-                StoredError(r[0], int(r[1]), bytes(r[2]), r[3], r[4].isoformat(), r[5])
-                for r in cur.fetchall()
-            ]
-
         with self._lock:
-            out: list[StoredError] = self._run(subscription or "", None, body)
+            out: list[StoredError] = self._run(
+                subscription or "", None, lambda cur: METADATA_SQL.list_errors(cur, subscription)
+            )
             return out
 
     def skip_error(self, subscription: str, seq: int) -> int:
-        def body(cur: psycopg.Cursor[Any]) -> int:
-            level, stored = self._lock_level(cur, subscription)
-            cur.execute(
-                "UPDATE txrepl_errors SET status = 'skipped' WHERE subscription = %s AND seq = %s",
-                (subscription, seq),
-            )
-            if cur.rowcount != 1:
-                raise ApplyError("no stored error", subscription=subscription, seq=seq)
-            if level < seq - 1:
-                raise ApplyError(
-                    f"the level is {level}: entries before {seq} are not applied yet",
-                    subscription=subscription,
-                    seq=seq,
-                )
-            if level == seq - 1:
-                self._set_level(cur, subscription, stored, seq)
-                return seq
-            return level
-
         with self._lock:
-            level: int = self._run(subscription, seq, body)
+            level: int = self._run(
+                subscription, seq, lambda cur: METADATA_SQL.skip_error(cur, subscription, seq)
+            )
             return level
 
     def mark_error(self, subscription: str, seq: int, status: str) -> None:
-        def body(cur: psycopg.Cursor[Any]) -> None:
-            cur.execute(
-                "UPDATE txrepl_errors SET status = %s WHERE subscription = %s AND seq = %s",
-                (status, subscription, seq),
-            )
-
         with self._lock:
-            self._run(subscription, seq, body)
+            self._run(
+                subscription,
+                seq,
+                lambda cur: METADATA_SQL.mark_error(cur, subscription, seq, status),
+            )
 
 
 def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:

@@ -1,4 +1,4 @@
-"""Measure apply latency and throughput: ``python -m subscriber.apply.bench``.
+"""Measure apply latency and throughput: ``python -m tests.bench.bench_apply``.
 
 Not a test.  Prints the median and p90 wall time of ``Applier.apply`` for small
 batches and the throughput of large ones (row changes per second, end to end:
@@ -6,10 +6,13 @@ Arrow encoding, Spark net effect, ``toArrow()``, target transaction), with the C
 seconds spent by this process, the Spark JVM and (PostgreSQL on this host) the
 server -- on a shared machine CPU per row is steadier than wall time.
 
-    python -m subscriber.apply.bench                       # SQLite in a temp dir
-    python -m subscriber.apply.bench --target postgresql   # a private PostgreSQL 15
-    python -m subscriber.apply.bench --target postgresql --dsn postgresql://u@h:p/db
-    python -m subscriber.apply.bench --target postgresql --large --w1 10000 40000
+    python -m tests.bench.bench_apply                     # SQLite in a temp dir
+    python -m tests.bench.bench_apply --target postgresql   # a private PostgreSQL 15
+    python -m tests.bench.bench_apply --target postgresql --dsn postgresql://u@h:p/db
+    python -m tests.bench.bench_apply --target postgresql --large --w1 10000 40000
+
+``python -m tests.bench apply`` (and ``make bench``) runs it with the defaults
+(SQLite) through :func:`run`.
 
 ``--w1 N ...`` applies consecutive parts of a W1-like stream (tables ``w1_accounts``
 and ``w1_orders``) in batches of N entries (one transaction each; 10,000 is the
@@ -31,15 +34,10 @@ from typing import Any
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import (
-    Applier,
-    ApplyResult,
-    PostgresWriter,
-    SparkSettings,
-    SqliteWriter,
-    Writer,
-    create_spark_session,
-)
+from subscriber.apply import Applier, ApplyResult, SparkSettings, Writer, create_spark_session
+from subscriber.targets.postgres import PostgresWriter
+from subscriber.targets.sqlite import SqliteWriter
+from tests.fixtures.w1_entries import W1_SCHEMAS, w1_entries
 
 T = pb.ColumnType
 SCHEMA = pb.TableSchema(
@@ -70,116 +68,6 @@ def _entry(seq: int, rows: int, keys: int) -> pb.Entry:
         key = [values.encode(k)] if op == pb.ROW_OP_UPDATE else []
         ops.append(pb.Op(row=pb.RowChange(table="orders", op=op, key=key, row=row)))
     return pb.Entry(commit_time_us=seq, ops=ops)
-
-
-W1_SCHEMAS = [
-    pb.TableSchema(
-        table="accounts",
-        columns=[
-            pb.Column(name="id", type=T.COLUMN_TYPE_INTEGER),
-            pb.Column(name="owner", type=T.COLUMN_TYPE_TEXT),
-            pb.Column(name="balance", type=T.COLUMN_TYPE_INTEGER),
-            pb.Column(name="updated_at", type=T.COLUMN_TYPE_TIMESTAMPTZ),
-        ],
-        primary_key=["id"],
-    ),
-    pb.TableSchema(
-        table="orders",
-        columns=[
-            pb.Column(name="id", type=T.COLUMN_TYPE_INTEGER),
-            pb.Column(name="account_id", type=T.COLUMN_TYPE_INTEGER),
-            pb.Column(name="amount", type=T.COLUMN_TYPE_DECIMAL, precision=12, scale=2),
-            pb.Column(name="status", type=T.COLUMN_TYPE_TEXT),
-            pb.Column(name="note", type=T.COLUMN_TYPE_TEXT, nullable=True),
-        ],
-        primary_key=["id"],
-    ),
-]
-
-
-def w1_entries(transactions: int, *, seed: int = 42, prefix: str = "") -> list[pb.Entry]:
-    """Entries shaped like workload W1 (../shared/bench/W1.md), one per transaction.
-
-    Transaction 0 inserts 10,000 accounts; each next one inserts an order, updates its
-    account (balance, updated_at), ships an earlier order with probability 0.2 and
-    deletes one with probability 0.05.  Updates carry the key, as captures send it.
-    The schema ops are not included (see :data:`W1_SCHEMAS`); ``prefix`` is put
-    before the table names.
-    """
-    import random
-    import string
-
-    rng = random.Random(seed)
-    now = 1_790_000_000_000_000
-
-    def ts(i: int) -> pb.Value:
-        return pb.Value(timestamptz=pb.TimestampTz(utc_us=now + i * 997, offset_s=0))
-
-    def row(
-        table: str, op: pb.RowOp.ValueType, cells: list[pb.Value], key: int | None = None
-    ) -> pb.Op:
-        keys = [pb.Value(int=key)] if key is not None else []
-        return pb.Op(row=pb.RowChange(table=prefix + table, op=op, key=keys, row=cells))
-
-    balances = [0] * 10_001
-    first = [
-        row(
-            "accounts",
-            pb.ROW_OP_INSERT,
-            [pb.Value(int=a), pb.Value(text=f"owner-{a}"), pb.Value(int=0), ts(0)],
-        )
-        for a in range(1, 10_001)
-    ]
-    entries = [pb.Entry(commit_time_us=now, ops=first)]
-    live: list[int] = []
-    orders: dict[int, list[pb.Value]] = {}
-    for i in range(1, transactions):
-        account = rng.randint(1, 10_000)
-        cents = rng.randint(100, 50_000)
-        note = "".join(rng.choices(string.ascii_lowercase, k=40))
-        cells = [
-            pb.Value(int=i),
-            pb.Value(int=account),
-            pb.Value(decimal=f"{cents // 100}.{cents % 100:02d}"),
-            pb.Value(text="new"),
-            pb.Value(text=note),
-        ]
-        orders[i] = cells
-        ops = [row("orders", pb.ROW_OP_INSERT, cells)]
-        balances[account] += cents
-        ops.append(
-            row(
-                "accounts",
-                pb.ROW_OP_UPDATE,
-                [
-                    pb.Value(int=account),
-                    pb.Value(text=f"owner-{account}"),
-                    pb.Value(int=balances[account]),
-                    ts(i),
-                ],
-                account,
-            )
-        )
-        if rng.random() < 0.2 and live:
-            pick = live[rng.randrange(len(live))]
-            shipped = [*orders[pick][:3], pb.Value(text="shipped"), orders[pick][4]]
-            orders[pick] = shipped
-            ops.append(row("orders", pb.ROW_OP_UPDATE, shipped, pick))
-        if rng.random() < 0.05 and live:
-            at = rng.randrange(len(live))
-            pick = live[at]
-            live[at] = live[-1]
-            live.pop()
-            ops.append(
-                pb.Op(
-                    row=pb.RowChange(
-                        table=prefix + "orders", op=pb.ROW_OP_DELETE, key=[pb.Value(int=pick)]
-                    )
-                )
-            )
-        live.append(i)
-        entries.append(pb.Entry(commit_time_us=now + i, ops=ops))
-    return entries
 
 
 def _cpu_s(pid: int) -> float:
@@ -221,7 +109,12 @@ def _target(kind: str, dsn: str) -> Iterator[Writer]:
         writer.close()
 
 
-def main() -> None:
+def run(results_dir: Path) -> list[dict[str, Any]]:
+    """``python -m tests.bench apply``: the default run (SQLite), as result rows."""
+    return _bench(_parser().parse_args([]))
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--large", type=int, nargs="*", default=[10_000, 100_000])
@@ -229,7 +122,15 @@ def main() -> None:
     ap.add_argument("--dsn", default="", help="PostgreSQL target (default: a private instance)")
     ap.add_argument("--w1", type=int, nargs="*", default=[], help="W1-like batch sizes (entries)")
     ap.add_argument("--w1-repeat", type=int, default=3)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    _bench(_parser().parse_args())
+
+
+def _bench(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     spark = create_spark_session(SparkSettings())
     jvm: Any = spark._jvm  # the JVM's pid, for its CPU time
     jvm_pid = int(jvm.java.lang.ProcessHandle.current().pid())
@@ -238,17 +139,27 @@ def main() -> None:
         level = applier.apply(1, [pb.Entry(ops=[pb.Op(schema=SCHEMA)])], incarnation="b").level
         for _ in range(3):  # warm up the JVM and Python workers
             level = applier.apply(level + 1, [_entry(level + 1, 5, 1000)], incarnation="b").level
-        for entries, rows in ((1, 1), (1, 10), (10, 10)):
+        for entries, rows_per in ((1, 1), (1, 10), (10, 10)):
             times = []
             for _ in range(args.repeat):
-                batch = [_entry(level + 1 + i, rows, 100_000) for i in range(entries)]
+                batch = [_entry(level + 1 + i, rows_per, 100_000) for i in range(entries)]
                 res = applier.apply(level + 1, batch, incarnation="b")
                 level = res.level
                 times.append(res.seconds)
             times.sort()
             p90 = times[int(len(times) * 0.9) - 1]
+            rows.append(
+                {
+                    "target": args.target,
+                    "kind": "small",
+                    "entries": entries,
+                    "rows": rows_per,
+                    "median_s": statistics.median(times),
+                    "p90_s": p90,
+                }
+            )
             print(
-                f"small: {entries:>3} entries x {rows:>3} rows:"
+                f"small: {entries:>3} entries x {rows_per:>3} rows:"
                 f" median {statistics.median(times):.3f} s, p90 {p90:.3f} s"
             )
         for total in args.large:
@@ -256,10 +167,12 @@ def main() -> None:
             batch = [_entry(level + 1 + i, per, total) for i in range(total // per)]
             res, line = _timed_apply(applier, writer, jvm_pid, level, batch)
             level = res.level
+            rows.append({"target": args.target, "kind": "large", "rows": res.rows, "line": line})
             print(f"large: {line}")
         if args.w1:
             _w1(applier, writer, jvm_pid, args.w1, args.w1_repeat)
     spark.stop()
+    return rows
 
 
 def _timed_apply(

@@ -10,6 +10,10 @@ around it, as ``handler(target, *args)``: ``target`` is the writer's open
 connection (``sqlite3.Connection``) or cursor (``psycopg.Cursor``), ``args`` the
 call's input arguments as ``common.values`` Python objects.  It must not commit.
 A name without a handler is, on PostgreSQL, ``CALL name(args)``; on SQLite an error.
+
+It lives beside the targets, not in the apply: the apply only carries a call as a
+``CallStep``; each target's writer looks its handler up here and runs it on its
+own connection.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ When a rows step holds at least ``[apply] jdbc_min_rows`` row changes (0, the
 default: never), its deletes (key columns) and upserts (all columns) reach the
 target through Spark's JDBC writer, from the executors and in parallel, into
 UNLOGGED staging tables ``txrepl_jdbc_<token>_<step>_<d|u>``, *before* the batch's
-transaction.  That transaction (``postgres.py``) then merges from them exactly as
+transaction.  That transaction (``writer.py``) then merges from them exactly as
 from its COPY stages (``DELETE ... USING``, ``INSERT ... ON CONFLICT``), empties
 them (TRUNCATE) and moves the level, and commits.
 
@@ -20,7 +20,7 @@ Each writer holds a session advisory lock on its token; the first time it stages
 a connection it drops staging tables whose token's lock is free (their writer is
 gone), so a crash leaves no tables behind for long.
 
-Values travel as PostgreSQL input text, the forms COPY reads (``_pgcopy.py``), with
+Values travel as PostgreSQL input text, the forms COPY reads (``_copy.py``), with
 ``stringtype=unspecified``: the server casts each to the staging column's type.
 The JDBC URL, user and password come from the target URL; the target must be
 reachable over TCP from the executors (a Unix-socket host is refused), and Spark
@@ -40,9 +40,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._pgcopy import pg_column, pg_type
 from subscriber.apply.errors import TransientError, WriterError
 from subscriber.apply.session import arrow_frame
+from subscriber.targets.postgres._copy import pg_column, pg_type
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -1,9 +1,11 @@
 """Load a publisher snapshot into a PostgreSQL target: shadow tables, one swap.
 
-Used by :func:`subscriber.reinit.load_snapshot` when the target is
-``postgresql://...``.  Rows go from the driver straight into PostgreSQL with
-``COPY ... FROM STDIN`` (psycopg 3); Spark is involved only for a table with
-transforms, whose rows :mod:`subscriber.reinit_shape` shapes before they get here.
+Driven by :func:`subscriber.reinit.client.load_into` (the Snapshot stream client)
+through :class:`PostgresSnapshotLoader`, the loader protocol
+(:class:`subscriber.reinit.client.ShadowLoader`) over :class:`PgShadowLoader`.
+Rows go from the driver straight into PostgreSQL with ``COPY ... FROM STDIN``
+(psycopg 3); Spark is involved only for a table with transforms, whose rows
+:mod:`subscriber.reinit.shape` shapes before they get here.
 
 Atomicity argument
 ==================
@@ -14,7 +16,7 @@ Everything the load does on the target happens in **one target transaction** T
 1. T takes a transaction-level advisory lock for the subscription (a second
    reinit of the same subscription waits for it, at most 30 s, then fails), then
    creates ``txrepl_shadow.<table>`` for every published table (the same column
-   types the apply writer uses, :func:`subscriber.apply._pgcopy.pg_type`).
+   types the apply writer uses, :func:`subscriber.targets.postgres._copy.pg_type`).
 2. The snapshot's rows (the content of every published table as of exactly one
    seq S, publisher/snapshot.py) are copied into the shadows, chunk by chunk,
    still inside T; then each shadow gets its primary key (building the index
@@ -76,10 +78,12 @@ import psycopg
 from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._pgcopy import pg_type
-from subscriber.reinit import SnapshotError
+from common.values import decode
+from subscriber.reinit.errors import SnapshotError
+from subscriber.targets.postgres._copy import pg_type
+from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
 
-__all__ = ["SHADOW_SCHEMA", "PgShadowLoader"]
+__all__ = ["SHADOW_SCHEMA", "PgShadowLoader", "PostgresSnapshotLoader"]
 
 SHADOW_SCHEMA = "txrepl_shadow"
 
@@ -98,8 +102,6 @@ class PgShadowLoader:
         swap_timeout_s: float = 120.0,
         connect_timeout_s: int = 10,
     ) -> None:
-        from subscriber.apply.postgres import PostgresWriter
-
         self.where = dsn.rsplit("@", 1)[-1]  # never the password
         self.role = role
         self.lock_timeout_s = lock_timeout_s
@@ -253,28 +255,11 @@ class PgShadowLoader:
                         " the published columns, then run the reinit again)",
                         exc,
                     ) from exc
-            cur.execute(
-                "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
-                " VALUES (%s, '', 0) ON CONFLICT (subscription) DO NOTHING",
-                (subscription,),
+            METADATA_SQL.lock_level(cur, subscription)
+            METADATA_SQL.replace_schemas(
+                cur, subscription, self.schemas if recorded is None else recorded
             )
-            cur.execute(
-                "SELECT level FROM txrepl_subscriptions WHERE subscription = %s FOR UPDATE",
-                (subscription,),
-            )
-            cur.execute("DELETE FROM txrepl_schemas WHERE subscription = %s", (subscription,))
-            cur.executemany(
-                "INSERT INTO txrepl_schemas (subscription, table_name, schema) VALUES (%s, %s, %s)",
-                [
-                    (subscription, t, s.SerializeToString())
-                    for t, s in (self.schemas if recorded is None else recorded).items()
-                ],
-            )
-            cur.execute(
-                "UPDATE txrepl_subscriptions SET level = %s, incarnation = %s, updated_at = now()"
-                " WHERE subscription = %s",
-                (seq, incarnation, subscription),
-            )
+            METADATA_SQL.set_level(cur, subscription, incarnation, seq)
             cur.execute("COMMIT")
         except psycopg.errors.DependentObjectsStillExist as exc:
             raise self._error(
@@ -446,3 +431,60 @@ class PgShadowLoader:
             (home, table),
         )
         return cur.fetchone() is not None
+
+
+PG_FLUSH_ROWS = 20_000  # one COPY each: progress is reported per flush
+
+# Value kinds whose field is already what COPY's text form needs (a decimal as its
+# canonical text: PostgreSQL parses it by the column's type, exactly).
+_AS_IS = frozenset({"int", "float", "text", "blob", "boolean", "json", "decimal"})
+
+
+def _pg_row(values: Any) -> list[object]:
+    """A snapshot row as values for ``Copy.write_row`` (the load's hot loop)."""
+    out: list[object] = []
+    for v in values:
+        kind = v.WhichOneof("kind")
+        if kind in _AS_IS:
+            out.append(getattr(v, kind))
+        elif kind is None or kind == "null":
+            out.append(None)
+        else:
+            out.append(decode(v))
+    return out
+
+
+class PostgresSnapshotLoader:
+    """The loader protocol for PostgreSQL: one transaction from the shadow tables to
+    the swap (:class:`PgShadowLoader`)."""
+
+    def __init__(self, dsn: str, subscription: str, *, role: str | None = None) -> None:
+        self.flush_rows = PG_FLUSH_ROWS
+        self.log_fields: Mapping[str, str] = {"target": "postgresql"}
+        self.single_start = True
+        self.prefetch = True
+        self.loader = PgShadowLoader(dsn, role=role)
+        self.subscription = subscription
+
+    def begin(self, start: pb.SnapshotStart) -> None:
+        self.loader.prepare(self.subscription, [t.schema for t in start.tables])
+
+    def buffer(self, table: str, buf: list[Any], rows: Any) -> None:
+        width = len(self.loader.schemas[table].columns)
+        for r in rows:
+            if len(r.values) != width:
+                raise SnapshotError(
+                    f"snapshot row of {table!r} has {len(r.values)} values,"
+                    f" the table {width} columns"
+                )
+            buf.append(_pg_row(r.values))
+
+    def write(self, table: str, rows: list[Any]) -> int:
+        self.loader.write(table, rows)
+        return len(rows)
+
+    def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
+        self.loader.swap(self.subscription, start.incarnation, start.seq, recorded)
+
+    def close(self) -> None:
+        self.loader.close()

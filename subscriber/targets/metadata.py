@@ -1,0 +1,246 @@
+"""The ``txrepl_*`` tables every target keeps, and the one code that reads and writes them.
+
+Three tables, in the target database beside the replicated ones::
+
+    txrepl_subscriptions (subscription PK, incarnation, level, updated_at)
+        the level row: the seq of the last applied entry, moved in the same
+        transaction as the rows of the batch that reached it
+    txrepl_schemas (subscription, table_name PK, schema, updated_at)
+        the published TableSchema of each table, as the apply last saw it
+    txrepl_errors (subscription, seq PK, entry, error, created_at, status)
+        entries stored whole because they failed on their own; status
+        ``open`` | ``skipped`` | ``applied``
+
+A writer (or a snapshot loader) opens the transaction and translates its driver's
+errors; the statements and the rules (the level check, what a skip may move) are
+here, once, for every dialect.  A dialect gives a :class:`MetadataSql`: its
+parameter marks, its SQL for "now", and how it locks the level row (PostgreSQL:
+make the row, then ``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE`` already
+holds the database's write lock).  ``cur`` is anything with a DB-API ``execute``
+that returns a cursor (a ``sqlite3.Connection``, a ``psycopg.Cursor``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.errors import ApplyError
+from subscriber.apply.writer import StoredError, SubscriptionState, check_level
+
+__all__ = ["Executor", "MetadataSql"]
+
+_NAME = re.compile(r"(?<![:\w]):([a-z_]+)")
+
+
+class Executor(Protocol):
+    """A DB-API connection or cursor: ``execute`` returns a cursor."""
+
+    def execute(self, query: Any, params: Any = ..., /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class MetadataSql:
+    """One dialect's spelling of the metadata statements, and the code that runs them.
+
+    ``mark`` formats a named parameter (``":{}"``, ``"%({})s"``); ``now`` is the
+    SQL of the current time, or ``":now"`` to pass ``now_value()`` as a
+    parameter; ``lock_suffix`` ends the level row's SELECT (``" FOR UPDATE"``);
+    ``make_level_row``: insert a level-0 row first, so there is a row to lock.
+    """
+
+    mark: str
+    now: str
+    lock_suffix: str = ""
+    make_level_row: bool = False
+    now_value: Callable[[], object] | None = None
+
+    def _q(self, text: str) -> str:
+        text = text.replace("{now}", self.now)
+        return _NAME.sub(lambda m: self.mark.format(m.group(1)), text)
+
+    def _run(self, cur: Executor, text: str, params: Mapping[str, object]) -> Any:
+        values = dict(params)
+        if self.now_value is not None and "{now}" in text:
+            values["now"] = self.now_value()
+        return cur.execute(self._q(text), values)
+
+    # -- the level row -----------------------------------------------------------
+
+    def load_state(self, cur: Executor, subscription: str) -> SubscriptionState:
+        """The stored level, incarnation and schemas (level 0 if none)."""
+        p = {"subscription": subscription}
+        row = self._run(
+            cur,
+            "SELECT incarnation, level FROM txrepl_subscriptions"
+            " WHERE subscription = :subscription",
+            p,
+        ).fetchone()
+        rows = self._run(
+            cur,
+            "SELECT table_name, schema FROM txrepl_schemas WHERE subscription = :subscription",
+            p,
+        ).fetchall()
+        schemas = {name: pb.TableSchema.FromString(bytes(blob)) for name, blob in rows}
+        if row is None:
+            return SubscriptionState(0, "", schemas)
+        return SubscriptionState(int(row[1]), str(row[0]), schemas)
+
+    def lock_level(self, cur: Executor, subscription: str) -> tuple[int, str]:
+        """(level, incarnation) of the subscription, its row locked for this transaction."""
+        p = {"subscription": subscription}
+        if self.make_level_row:
+            self._run(
+                cur,
+                "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
+                " VALUES (:subscription, '', 0) ON CONFLICT (subscription) DO NOTHING",
+                p,
+            )
+        row = self._run(
+            cur,
+            "SELECT level, incarnation FROM txrepl_subscriptions"
+            " WHERE subscription = :subscription" + self.lock_suffix,
+            p,
+        ).fetchone()
+        return (int(row[0]), str(row[1])) if row else (0, "")
+
+    def set_level(self, cur: Executor, subscription: str, incarnation: str, level: int) -> None:
+        self._run(
+            cur,
+            "INSERT INTO txrepl_subscriptions (subscription, incarnation, level, updated_at)"
+            " VALUES (:subscription, :incarnation, :level, {now})"
+            " ON CONFLICT (subscription) DO UPDATE SET incarnation = excluded.incarnation,"
+            " level = excluded.level, updated_at = excluded.updated_at",
+            {"subscription": subscription, "incarnation": incarnation, "level": level},
+        )
+
+    def check_and_lock(
+        self, cur: Executor, subscription: str, incarnation: str, first_seq: int
+    ) -> None:
+        """Lock the level row; :class:`GapError` unless it is ``first_seq - 1`` (and the
+        incarnation matches)."""
+        level, stored = self.lock_level(cur, subscription)
+        check_level(subscription, incarnation, first_seq, level, stored)
+
+    # -- schemas -----------------------------------------------------------------
+
+    def record_schema(self, cur: Executor, subscription: str, schema: pb.TableSchema) -> None:
+        self._run(
+            cur,
+            "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
+            " VALUES (:subscription, :table_name, :schema, {now})"
+            " ON CONFLICT (subscription, table_name) DO UPDATE SET"
+            " schema = excluded.schema, updated_at = excluded.updated_at",
+            {
+                "subscription": subscription,
+                "table_name": schema.table,
+                "schema": schema.SerializeToString(),
+            },
+        )
+
+    def replace_schemas(
+        self, cur: Executor, subscription: str, schemas: Mapping[str, pb.TableSchema]
+    ) -> None:
+        """The subscription's recorded schemas become ``schemas`` (a snapshot's swap)."""
+        self._run(
+            cur,
+            "DELETE FROM txrepl_schemas WHERE subscription = :subscription",
+            {"subscription": subscription},
+        )
+        for table, schema in schemas.items():
+            self._run(
+                cur,
+                "INSERT INTO txrepl_schemas (subscription, table_name, schema, updated_at)"
+                " VALUES (:subscription, :table_name, :schema, {now})",
+                {
+                    "subscription": subscription,
+                    "table_name": table,
+                    "schema": schema.SerializeToString(),
+                },
+            )
+
+    # -- stored errors -----------------------------------------------------------
+
+    def record_error(
+        self,
+        cur: Executor,
+        subscription: str,
+        incarnation: str,
+        seq: int,
+        entry: bytes,
+        error: str,
+        *,
+        skip: bool,
+    ) -> None:
+        """Store entry ``seq`` (the level must be ``seq - 1``); with ``skip`` move past it."""
+        self.check_and_lock(cur, subscription, incarnation, seq)
+        self._run(
+            cur,
+            "INSERT INTO txrepl_errors (subscription, seq, entry, error, created_at, status)"
+            " VALUES (:subscription, :seq, :entry, :error, {now}, :status)"
+            " ON CONFLICT (subscription, seq) DO UPDATE SET"
+            " entry = excluded.entry, error = excluded.error,"
+            " created_at = excluded.created_at, status = excluded.status",
+            {
+                "subscription": subscription,
+                "seq": seq,
+                "entry": entry,
+                "error": error,
+                "status": "skipped" if skip else "open",
+            },
+        )
+        if skip:
+            self.set_level(cur, subscription, incarnation, seq)
+
+    def list_errors(self, cur: Executor, subscription: str | None) -> list[StoredError]:
+        rows = self._run(
+            cur,
+            "SELECT subscription, seq, entry, error, created_at, status FROM txrepl_errors"
+            " WHERE CAST(:subscription AS text) IS NULL OR subscription = :subscription"
+            " ORDER BY subscription, seq",
+            {"subscription": subscription},
+        ).fetchall()
+        return [
+            StoredError(
+                r[0],
+                int(r[1]),
+                bytes(r[2]),
+                r[3],
+                r[4] if isinstance(r[4], str) else r[4].isoformat(),
+                r[5],
+            )
+            for r in rows
+        ]
+
+    def skip_error(self, cur: Executor, subscription: str, seq: int) -> int:
+        """Mark error ``seq`` skipped; move the level to it if it is just before; the level."""
+        level, stored = self.lock_level(cur, subscription)
+        done = self._run(
+            cur,
+            "UPDATE txrepl_errors SET status = 'skipped'"
+            " WHERE subscription = :subscription AND seq = :seq",
+            {"subscription": subscription, "seq": seq},
+        )
+        if done.rowcount != 1:
+            raise ApplyError("no stored error", subscription=subscription, seq=seq)
+        if level < seq - 1:
+            raise ApplyError(
+                f"the level is {level}: entries before {seq} are not applied yet",
+                subscription=subscription,
+                seq=seq,
+            )
+        if level == seq - 1:
+            self.set_level(cur, subscription, stored, seq)
+            return seq
+        return level
+
+    def mark_error(self, cur: Executor, subscription: str, seq: int, status: str) -> None:
+        self._run(
+            cur,
+            "UPDATE txrepl_errors SET status = :status"
+            " WHERE subscription = :subscription AND seq = :seq",
+            {"subscription": subscription, "seq": seq, "status": status},
+        )

@@ -1,0 +1,167 @@
+"""Load a publisher snapshot into a SQLite target: shadow tables, one swap.
+
+Driven by :func:`subscriber.reinit.client.load_into` (the Snapshot stream client)
+through the loader protocol (:class:`subscriber.reinit.client.ShadowLoader`).
+
+Atomicity argument:
+
+1. The snapshot (publisher/snapshot.py) is the content of every published table
+   as of exactly one seq S.
+2. It is loaded into shadow tables ``txrepl_shadow__<table>`` on the target, in
+   chunks, through Spark.  Readers see the old tables meanwhile; a kill at any
+   point leaves them intact (the shadows are dropped and rebuilt by the next run).
+3. One target transaction then drops each old table, renames its shadow into
+   place, re-creates the indexes and triggers an operator made on the old table
+   (their SQL from ``sqlite_master``; one that fails, say on a column the
+   publisher does not send, fails the swap, which rolls back), replaces the
+   subscription's recorded schemas and sets its level to S with the snapshot's
+   incarnation.  Readers see the old state or the new one,
+   never a half-loaded table; the level and the rows move together.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from common.rpc import txrepl_pb2 as pb
+from common.values import decode
+from subscriber.apply.session import arrow_frame
+from subscriber.reinit.errors import SnapshotError
+from subscriber.targets.sqlite.writer import METADATA_SQL, SqliteWriter, quote, sqlite_value
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["SHADOW_PREFIX", "SqliteSnapshotLoader"]
+
+SHADOW_PREFIX = "txrepl_shadow__"
+FLUSH_ROWS = 50_000
+
+# Declared SQLite types per logical type: the same affinities the apply writer uses.
+_DECLARED = {
+    pb.COLUMN_TYPE_INTEGER: "INTEGER",
+    pb.COLUMN_TYPE_FLOAT: "REAL",
+    pb.COLUMN_TYPE_BYTES: "BLOB",
+    pb.COLUMN_TYPE_BOOLEAN: "INTEGER",
+}
+
+
+def _ddl(name: str, schema: pb.TableSchema) -> str:
+    cols = []
+    for c in schema.columns:
+        decl = _DECLARED.get(c.type, "TEXT" if c.type else "")
+        null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
+        cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
+    pk = ", ".join(quote(k) for k in schema.primary_key)
+    return f"CREATE TABLE {quote(name)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+
+
+def _through_spark(
+    spark: SparkSession, rows: list[tuple[object, ...]], n: int
+) -> list[tuple[object, ...]]:
+    """Hand a chunk to Spark as Arrow and take it back (the hook for transforms)."""
+    names = [f"c{i}" for i in range(n)]
+    columns = list(zip(*rows, strict=True)) if rows else [() for _ in range(n)]
+    table = pa.table({name: pa.array(list(col)) for name, col in zip(names, columns, strict=True)})
+    back = arrow_frame(spark, table).toArrow()
+    return list(zip(*(back.column(i).to_pylist() for i in range(n)), strict=True))
+
+
+def _pass(spark: SparkSession, rows: list[tuple[object, ...]], n: int) -> list[tuple[object, ...]]:
+    try:
+        return _through_spark(spark, rows, n)
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # A column whose values have mixed types (SQLite's dynamic typing): Arrow wants
+        # one type per column, so this chunk is written as it came.
+        return rows
+
+
+class SqliteSnapshotLoader:
+    """Shadow tables in the SQLite file, each chunk passed through Spark."""
+
+    def __init__(self, path: Path, spark: SparkSession | None, subscription: str) -> None:
+        if spark is None:
+            raise SnapshotError("loading a snapshot into SQLite needs a Spark session")
+        SqliteWriter(path).close()  # creates the metadata tables if missing
+        self.flush_rows = FLUSH_ROWS
+        self.log_fields: Mapping[str, str] = {}
+        self.single_start = False
+        self.prefetch = False
+        self.spark = spark
+        self.subscription = subscription
+        self.schemas: dict[str, pb.TableSchema] = {}
+        self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=60)
+
+    def begin(self, start: pb.SnapshotStart) -> None:
+        for t in start.tables:
+            self.schemas[t.schema.table] = t.schema
+            shadow = SHADOW_PREFIX + t.schema.table
+            self.conn.execute(f"DROP TABLE IF EXISTS {quote(shadow)}")
+            self.conn.execute(_ddl(shadow, t.schema))
+
+    def buffer(self, table: str, buf: list[Any], rows: Any) -> None:
+        buf.extend(tuple(sqlite_value(decode(v)) for v in r.values) for r in rows)
+
+    def write(self, table: str, rows: list[Any]) -> int:
+        n = len(self.schemas[table].columns)
+        rows = _pass(self.spark, rows, n)
+        marks = ", ".join("?" * n)
+        self.conn.execute("BEGIN")
+        self.conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
+        self.conn.execute("COMMIT")
+        return len(rows)
+
+    def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
+        try:
+            _swap(self.conn, self.subscription, start, list(self.schemas), recorded)
+        except SnapshotError:
+            # Refused as loaded (a rerun would load them again): leave no copy behind.
+            for table in self.schemas:
+                self.conn.execute(f"DROP TABLE IF EXISTS {quote(SHADOW_PREFIX + table)}")
+            raise
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _swap(
+    conn: sqlite3.Connection,
+    subscription: str,
+    start: pb.SnapshotStart,
+    tables: Sequence[str],
+    recorded: Mapping[str, pb.TableSchema],
+) -> None:
+    """Step 3 of the module docstring: one transaction swaps ``tables`` (their
+    shadows in), records the ``recorded`` schemas and sets the level."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Indexes and triggers an operator made on the old tables (their SQL names
+        # the table, which the shadow is renamed to); automatic indexes have no SQL.
+        carried = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
+            " ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
+            f" ({', '.join('?' * len(tables))}) ORDER BY type, name",
+            list(tables),
+        ).fetchall()
+        for table in tables:
+            conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
+            conn.execute(f"ALTER TABLE {quote(SHADOW_PREFIX + table)} RENAME TO {quote(table)}")
+        for kind, name, table, statement in carried:
+            try:
+                conn.execute(statement)
+            except sqlite3.Error as exc:
+                raise SnapshotError(
+                    f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc};"
+                    " drop it or make it fit the published columns, then run the reinit again"
+                ) from exc
+        METADATA_SQL.replace_schemas(conn, subscription, recorded)
+        METADATA_SQL.set_level(conn, subscription, start.incarnation, start.seq)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
