@@ -14,7 +14,7 @@ are parsed as ``Value`` objects and converted per column (one C-level ``map``
 when the kinds allow, TIMESTAMPTZ text formatted by Arrow) or per cell; the
 per-cell conversions below define the semantics (a decimal sent as an int, JSON
 sent as text, a value of the wrong kind: a variant column), and
-``tests/unit/test_apply_wire.py`` checks the fast paths against them.
+``tests/unit/subscriber/test_apply_wire.py`` checks the fast paths against them.
 
 Net effect of plain tables (:func:`net_effect_positions`): Spark receives only the
 key columns and ``_pos`` of every segment of the batch, in ONE DataFrame (``_s``

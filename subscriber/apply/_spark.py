@@ -2,7 +2,8 @@
 
 Everything the apply asks of Spark (the net-effect jobs, the transforms, history
 versions) runs inside the planning of a batch, which runs inside
-:func:`spark_errors`.  The mapping, tested in ``tests/integration/test_apply_spark_errors.py``:
+:func:`spark_errors`.  The mapping, tested in
+``tests/integration/subscriber/test_apply_spark_errors.py``:
 
 ==================================================  ==========================
 raised by py4j / pyspark                            raised as

@@ -191,7 +191,7 @@ def arrow_frame(spark: SparkSession, table: pa.Table) -> DataFrame:
 
     PySpark 4.0 loses rows of a table made of several Arrow chunks when some are
     empty: chunks of 0, 0 and 1 rows gave an empty DataFrame (found by the property
-    test of ``tests/integration/test_apply_small.py``; ``pa.concat_tables`` of
+    test of ``tests/integration/subscriber/test_apply_small.py``; ``pa.concat_tables`` of
     segments makes such tables).  One chunk avoids it, at the cost of one copy.
     """
     if any(col.num_chunks > 1 for col in table.columns):

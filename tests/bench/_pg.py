@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tests.fixtures.postgres import PgServer, pg_available
-from tests.workload import PG_SCHEMA
+from tests.support.workload import PG_SCHEMA
 
 __all__ = [
     "BENCH_SETTINGS",

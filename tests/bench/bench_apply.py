@@ -37,7 +37,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import Applier, ApplyResult, SparkSettings, Writer, create_spark_session
 from subscriber.targets.postgres import PostgresWriter
 from subscriber.targets.sqlite import SqliteWriter
-from tests.fixtures.w1_entries import W1_SCHEMAS, w1_entries
+from tests.support.w1_entries import W1_SCHEMAS, w1_entries
 
 T = pb.ColumnType
 SCHEMA = pb.TableSchema(

@@ -1,6 +1,6 @@
 """W1 catch-up with the subscriber's Spark on ``local[2]`` and on a standalone cluster.
 
-Both configurations run the same W1 stream (tests/workload.py) through the same real
+Both configurations run the same W1 stream (tests/support/workload.py) through the same real
 publisher and subscriber processes into SQLite, measured by ``bench_w1.catch_up``
 (apply time from the first ``syncing`` state until the last transaction is visible
 on the target; Spark's start-up reported apart).  Only ``[spark]`` differs:
@@ -44,7 +44,7 @@ from tests.bench.bench_w1 import (
     stream_counts,
 )
 from tests.fixtures.spark_cluster import spark_cluster_available, start_spark_cluster
-from tests.harness import Daemon, wait_until
+from tests.support.harness import Daemon, wait_until
 
 NOTE = (
     "one 2-core machine: the standalone cluster shares the same cores with its master, "

@@ -1,6 +1,6 @@
 """Fan-out: one publisher, 1, 10 and 50 subscribers in sync; per-subscriber rate and lag.
 
-The subscribers are raw in-process Sync clients (tests/feedclient.py) hosted by one
+The subscribers are raw in-process Sync clients (tests/support/feedclient.py) hosted by one
 child process (50 Spark JVMs do not fit two cores).  Each client parses every entry it
 receives, checks seqs have no gap, acks, and records when W1's every-100th order
 arrives; it does not write a database, so this measures the publisher and the wire.
@@ -36,10 +36,10 @@ from tests.bench.bench_w1 import (
     run_stream,
     scrubbed_bench_env,
 )
-from tests.feedclient import RawSubscriber
-from tests.harness import Pair, wait_until
-from tests.reference import ReferenceTarget
-from tests.workload import W1, sqlite_source
+from tests.support.feedclient import RawSubscriber
+from tests.support.harness import Pair, wait_until
+from tests.support.reference import ReferenceTarget
+from tests.support.workload import W1, sqlite_source
 
 FANOUTS = (1, 10, 50)
 

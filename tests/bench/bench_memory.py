@@ -2,7 +2,7 @@
 
 Publisher: a publication log of 1M and 10M entries (``TXREPL_BENCH_MEM_SIZES``) is
 built directly with ``publisher.log.open_log(...).append`` in batches of 10,000
-W1-sized entries; a publisher is started on it and one raw client (tests/feedclient.py,
+W1-sized entries; a publisher is started on it and one raw client (tests/support/feedclient.py,
 counting only) syncs through the whole log while /proc/<pid>/status VmRSS is sampled
 every 0.25 s.  RSS should not grow with the log: entries are streamed from the
 segments, not held.
@@ -30,10 +30,10 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import encode
 from publisher.log import open_log
 from tests.bench.bench_w1 import Source, _env_int, run_stream, scrubbed_bench_env
-from tests.feedclient import RawSubscriber
-from tests.harness import Daemon, Pair, to_toml, wait_until
-from tests.reference import ReferenceTarget
-from tests.workload import W1, sqlite_source
+from tests.support.feedclient import RawSubscriber
+from tests.support.harness import Daemon, Pair, to_toml, wait_until
+from tests.support.reference import ReferenceTarget
+from tests.support.workload import W1, sqlite_source
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
@@ -148,7 +148,7 @@ def publisher_rss(size: int) -> dict[str, Any]:
     ).start(timeout=600)
     try:
         assert pub.proc is not None
-        from tests.harness import publication_head
+        from tests.support.harness import publication_head
 
         head = publication_head(pub.address, "shop")
         idle = rss_kib(pub.proc.pid)

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench.bench_w1 import scrubbed_bench_env
-from tests.harness import Daemon, publication_head, to_toml, wait_until
+from tests.support.harness import Daemon, publication_head, to_toml, wait_until
 
 TABLE = "items"
 PG_DDL = (

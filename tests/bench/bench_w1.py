@@ -52,8 +52,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.harness import Daemon, Pair, to_toml, wait_until
-from tests.workload import W1, Stmt, sqlite_source, w1_checksum
+from tests.support.harness import Daemon, Pair, to_toml, wait_until
+from tests.support.workload import W1, Stmt, sqlite_source, w1_checksum
 
 EXPECTED_T100K = {
     "transactions": 100_001,
@@ -459,7 +459,7 @@ class TxreplPg(Rig):
 
     def setup(self, run: int) -> Source:
         from tests.bench._pg import pg_source
-        from tests.workload import PG_SCHEMA
+        from tests.support.workload import PG_SCHEMA
 
         stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
         sdb, ddb = f"w1tsrc_{stamp}", f"w1tdst_{stamp}"
@@ -492,7 +492,7 @@ class TxreplPg(Rig):
         return Source("pg", self.conn)
 
     def wait_captured(self) -> None:
-        from tests.harness import publication_head
+        from tests.support.harness import publication_head
 
         assert self.pub is not None
         last = -1
@@ -504,7 +504,7 @@ class TxreplPg(Rig):
             last = head
 
     def start_subscriber(self) -> tuple[float, float]:
-        from tests.harness import subscription_status
+        from tests.support.harness import subscription_status
 
         assert self.pub is not None
         assert self.work is not None

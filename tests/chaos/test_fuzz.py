@@ -34,8 +34,8 @@ import pytest
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from publisher.service import MAX_PUBLISH_OPS
-from tests.feedclient import RawSubscriber
-from tests.harness import Daemon, publication_head, to_toml
+from tests.support.feedclient import RawSubscriber
+from tests.support.harness import Daemon, publication_head, to_toml
 
 SYNC = "/txrepl.v1.Replication/Sync"
 PUBLISH = "/txrepl.v1.Replication/Publish"

@@ -5,7 +5,7 @@ a second, so most kills hit the publisher: the default variant kills the publish
 times and the subscriber once; the slow variant kills the publisher 60 times and the
 subscriber 4 times (64 kills; with the log's 80, PostgreSQL capture's 60 and the
 apply's 5, the slow suite holds 209).  Afterwards the target must equal the source (W1
-checksum), with every ledger row present and written exactly once (tests/chaos/_stream.py).
+checksum), with every ledger row present and written exactly once (tests/support/chaos_stream.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos._stream import TABLES, StreamWriter, prepare_target, verify
-from tests.harness import Pair, wait_until
+from tests.support.chaos_stream import TABLES, StreamWriter, prepare_target, verify
+from tests.support.harness import Pair, wait_until
 
 pytestmark = pytest.mark.spark
 

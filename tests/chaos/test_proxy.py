@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos._stream import TABLES, StreamWriter, prepare_target, verify
-from tests.harness import Daemon, Pair, wait_until
-from tests.proxy import FaultProxy
+from tests.support.chaos_stream import TABLES, StreamWriter, prepare_target, verify
+from tests.support.harness import Daemon, Pair, wait_until
+from tests.support.proxy import FaultProxy
 
 pytestmark = pytest.mark.spark
 

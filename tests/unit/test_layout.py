@@ -45,8 +45,8 @@ def _imports(name: str, path: Path) -> set[str]:
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
+            for stmt in node.orelse:
+                visit(stmt)
             return
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
@@ -139,3 +139,15 @@ def test_module_size(module):
         return
     lines = len(path.read_text(encoding="utf-8").splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def test_test_modules_import_no_other_test_module():
+    """Shared test code lives in tests/support/ (or tests/fixtures/), never in a test module."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if module and module.startswith("tests.") and module.rsplit(".", 1)[1][:5] == "test_":
+                bad.append(f"{path.relative_to(ROOT)} -> {module}")
+    assert bad == []
