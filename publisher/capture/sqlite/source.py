@@ -121,7 +121,11 @@ class SqliteSource:
                 pub.name, rows, pub.position, installed.get(pub.name, {})
             )
             if entry is not None:
-                pub.append(entry, position=last)
+                try:
+                    pub.append(entry, position=last)
+                except BaseException:
+                    self.capture.forget(pub.name)  # its schema ops were not logged
+                    raise
                 appended += 1
             elif last > pub.position:
                 pub.advance(last)
