@@ -175,9 +175,10 @@ BEGIN INSERT INTO audit(item, what) VALUES (NEW.id, 'insert'); END;
 
 
 def test_target_triggers_do_not_fire_for_replicated_rows(tmp_path: Path) -> None:
-    """A trigger that writes an audit row exists on both sides: the target's audit table
-    equals the source's (no second row), the application's own writes on the target
-    still fire it, and a trigger marked txrepl:always fires for replicated rows too."""
+    """Triggers on the target do not fire for replicated rows: the replicated audit
+    table equals the source's, a target-only audit table stays empty; the
+    application's own writes on the target still fire them, and a trigger marked
+    txrepl:always fires for replicated rows too."""
     pair = Pair(tmp_path, tables=["items", "audit"])
     src = sqlite3.connect(str(pair.source_path), isolation_level=None, timeout=30)
     src.execute("PRAGMA journal_mode=WAL")
@@ -185,7 +186,10 @@ def test_target_triggers_do_not_fire_for_replicated_rows(tmp_path: Path) -> None
     dst = sqlite3.connect(str(pair.target_path), isolation_level=None, timeout=30)
     dst.executescript(AUDIT)
     dst.executescript(
-        "CREATE TABLE seen(item INTEGER);"
+        "CREATE TABLE audit_local(item INTEGER, what TEXT);"
+        " CREATE TRIGGER items_local AFTER UPDATE ON items"
+        " BEGIN INSERT INTO audit_local VALUES (NEW.id, 'update'); END;"
+        " CREATE TABLE seen(item INTEGER);"
         " CREATE TRIGGER items_seen AFTER INSERT ON items"
         " BEGIN /* txrepl:always */ INSERT INTO seen VALUES (NEW.id); END;"
     )
@@ -195,6 +199,7 @@ def test_target_triggers_do_not_fire_for_replicated_rows(tmp_path: Path) -> None
         pair.start_publisher()
         pair.start_subscriber()
         src.executemany("INSERT INTO items VALUES (?, ?)", [(i, f"n{i}") for i in range(2, 6)])
+        src.execute("UPDATE items SET name = 'changed' WHERE id = 2")
 
         def same() -> bool:
             try:
@@ -206,6 +211,10 @@ def test_target_triggers_do_not_fire_for_replicated_rows(tmp_path: Path) -> None
         wait_until(lambda: pair.status().level == pair.head(), 30, "the last level")
         assert diff_tables(src, dst, cols) == []
         assert [r[0] for r in dst.execute("SELECT item FROM seen ORDER BY item")] == [1, 2, 3, 4, 5]
+        # The target's own trigger did not fire for the replicated update.
+        assert dst.execute("SELECT * FROM audit_local").fetchall() == []
+        dst.execute("UPDATE items SET name = 'local' WHERE id = 3")
+        assert dst.execute("SELECT * FROM audit_local").fetchall() == [(3, "update")]
         # The application's own write on the target still fires the trigger.
         dst.execute("INSERT INTO items VALUES (100, 'local')")
         assert dst.execute("SELECT what FROM audit WHERE item = 100").fetchall() == [("insert",)]
