@@ -309,15 +309,15 @@ class SqliteCapture:
 
     def _drop_unused_triggers(self) -> None:
         used = {r[0] for r in self._conn.execute("SELECT DISTINCT tbl FROM _txrepl_pubs")}
+        fallbacks = {fallback_name(t) for t in used}
         for kind, name, tbl in self._conn.execute(
             "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'table') "
             "AND name LIKE '\\_txrepl\\_%' ESCAPE '\\'"
         ).fetchall():
             if kind == "trigger" and tbl not in used:
                 self._conn.execute(f"DROP TRIGGER IF EXISTS {qident(name)}")
-            elif kind == "table" and name.startswith("_txrepl_fb_"):
-                if name not in {fallback_name(t) for t in used}:
-                    self._conn.execute(f"DROP TABLE IF EXISTS {qident(name)}")
+            elif kind == "table" and name.startswith("_txrepl_fb_") and name not in fallbacks:
+                self._conn.execute(f"DROP TABLE IF EXISTS {qident(name)}")
 
     def installed(self) -> dict[str, dict[str, int]]:
         """publication -> table -> added_id."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["APPLYING_TABLE", "GUARD", "ALWAYS", "TriggerGuard", "guarded"]
+__all__ = ["ALWAYS", "APPLYING_TABLE", "GUARD", "TriggerGuard", "guarded"]
 
 APPLYING_TABLE = "txrepl_applying"
 GUARD = f"NOT EXISTS (SELECT 1 FROM {APPLYING_TABLE})"

@@ -25,7 +25,9 @@ def _source(path: Path) -> sqlite3.Connection:
     conn = sqlite3.connect(str(path), isolation_level=None, timeout=30)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, c TEXT)")
-    conn.executemany("INSERT INTO items VALUES (?, ?, ?)", [(i, f"n{i}", f"c{i}") for i in range(5)])
+    conn.executemany(
+        "INSERT INTO items VALUES (?, ?, ?)", [(i, f"n{i}", f"c{i}") for i in range(5)]
+    )
     return conn
 
 
