@@ -28,8 +28,10 @@ once ``c`` is dropped it resolves to the fallback table's ``c`` (NULL), so the
 trigger still compiles and ``DROP COLUMN`` succeeds.  Only primary key columns
 are named through ``NEW``/``OLD``, and SQLite never drops those.  ``RENAME
 COLUMN`` rewrites the references in the trigger, as it does for every trigger.
-The price is one primary key lookup per captured insert or update (the row is
-in the page cache: measured within noise on W1).
+The price is one primary key lookup per captured insert or update: on this
+machine, inserts plus updates through the triggers went from 190-200k to
+150-180k captured changes/s (100 per transaction, 2026-11-24, a throwaway
+script; W1 catch-up was not re-measured).
 
 Shapes and generations
 ======================

@@ -150,7 +150,9 @@ def test_alter_table_while_the_publisher_is_down(tmp_path: Path) -> None:
         pair.stop()
 
 
-def test_alter_table_into_postgresql(tmp_path: Path, pg_server: Any) -> None:
+@pytest.mark.postgres
+@pytest.mark.parametrize("mode", ["running", "paused"])
+def test_alter_table_into_postgresql(tmp_path: Path, pg_server: Any, mode: str) -> None:
     """The same migrations into a PostgreSQL target: rows equal on the source's columns."""
     import psycopg
 
@@ -159,9 +161,12 @@ def test_alter_table_into_postgresql(tmp_path: Path, pg_server: Any) -> None:
     src = _source(pair.source_path)
     try:
         pair.start_publisher()
-        pair.start_subscriber()
-        _wait_equal(src, lambda: psycopg.connect(dsn))
+        if mode == "running":
+            pair.start_subscriber()
+            _wait_equal(src, lambda: psycopg.connect(dsn))
         _migrations(src)
+        if mode == "paused":
+            pair.start_subscriber()
         _wait_equal(src, lambda: psycopg.connect(dsn))
         assert pair.status().state == "in_sync"
     finally:
