@@ -228,3 +228,33 @@ def test_target_triggers_do_not_fire_for_replicated_rows(tmp_path: Path) -> None
     finally:
         pair.stop()
         dst.close()
+
+
+def test_subscriber_sigkill_while_it_applies_schema_changes(tmp_path: Path) -> None:
+    """SIGKILL the subscriber while it applies the schema changes and table copies of a
+    20,000-row table, three times; restarted, the target equals the source."""
+    import random
+    import time
+
+    pair = Pair(tmp_path, tables=["items"])
+    src = _source(pair.source_path)
+    src.executemany(
+        "INSERT INTO items VALUES (?, ?, ?)", [(i, f"n{i}", f"c{i}") for i in range(100, 20_100)]
+    )
+    rng = random.Random(5)
+    try:
+        pair.start_publisher()
+        _migrations(src)
+        for _ in range(3):
+            pair.start_subscriber()
+            wait_until(lambda: pair.status().level > 0, 120, "a first applied batch")
+            time.sleep(rng.uniform(0.0, 0.5))
+            assert pair.sub is not None
+            pair.sub.kill()
+            src.execute(
+                "UPDATE items SET note = 'between kills' WHERE id = ?", (rng.randrange(20),)
+            )
+        pair.start_subscriber()
+        _wait_equal(src, _sqlite_target(pair))
+    finally:
+        pair.stop()
