@@ -134,8 +134,9 @@ class SqliteCapture:
 
     # -- schema -----------------------------------------------------------------
 
-    def read_schema(self, table: str) -> pb.TableSchema:
-        rows = self._conn.execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
+    def read_schema(self, table: str, conn: sqlite3.Connection | None = None) -> pb.TableSchema:
+        """The table's schema now (or as ``conn``'s open read transaction sees it)."""
+        rows = (conn or self._conn).execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
         if not rows:
             raise SourceError(f"table {table!r} does not exist in the SQLite source {self.path}")
         schema = pb.TableSchema(table=table)

@@ -371,7 +371,7 @@ class SqliteWriter:
                 raise WriterError(
                     f"the source dropped column {c.name!r} of table {schema.table!r} but the "
                     f"SQLite target {self.path} cannot ({exc}): drop what uses the column on "
-                    "the target (index, view, trigger), then resume"
+                    "the target (index, view, trigger), then `txrepl subscriber errors retry`"
                 ) from exc
 
     def _rows(self, step: RowsStep) -> int:
