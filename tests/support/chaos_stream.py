@@ -33,10 +33,12 @@ CREATE TABLE IF NOT EXISTS ledger("id" INTEGER, "txn" INTEGER NOT NULL, "note" T
                                   PRIMARY KEY ("id"));
 CREATE TABLE IF NOT EXISTS apply_count(id INTEGER PRIMARY KEY, n INTEGER NOT NULL);
 CREATE TRIGGER IF NOT EXISTS ledger_ai AFTER INSERT ON ledger BEGIN
+    /* txrepl:always: counts the replicated applies */
     INSERT OR IGNORE INTO apply_count VALUES (NEW.id, 0);
     UPDATE apply_count SET n = n + 1 WHERE id = NEW.id;
 END;
 CREATE TRIGGER IF NOT EXISTS ledger_au AFTER UPDATE ON ledger BEGIN
+    /* txrepl:always: counts the replicated applies */
     INSERT OR IGNORE INTO apply_count VALUES (NEW.id, 0);
     UPDATE apply_count SET n = n + 1 WHERE id = NEW.id;
 END;

@@ -8,11 +8,17 @@ the source database, written by triggers in the writer's own transaction::
     _txrepl_capture(id INTEGER PRIMARY KEY AUTOINCREMENT,
                     pub TEXT,        -- NULL: every publication holding tbl;
                                      -- else only this publication (snapshots)
-                    tbl TEXT, op TEXT,   -- 'I' 'U' 'D' row changes, 'S' schema
-                    k, v)            -- k: old primary key, v: new row, each a JSON
+                    tbl TEXT, op TEXT,   -- 'I' 'U' 'D' row changes, 'S' schema,
+                                         -- 'T' truncate (a rebuilt table)
+                    k, v,            -- k: old primary key, v: new row, each a JSON
                                      -- array of SQL literals from quote(); for 'S',
                                      -- v is a serialized txrepl.v1.TableSchema
+                    gen)             -- the shape k and v are in (_txrepl_shapes)
     _txrepl_pubs(publication, incarnation, tbl, added_id)   -- what is installed
+    _txrepl_shapes(gen, tbl, schema)  -- each build of a table's triggers
+
+``shapes.py`` has the triggers and the schema evolution argument (ALTER TABLE on
+a published table, while running and across restarts).
 
 * Order.  SQLite serialises writers, so AUTOINCREMENT ids are handed out in commit
   order.  A reader sees only whole committed transactions, so one poll (one read
@@ -35,9 +41,7 @@ the source database, written by triggers in the writer's own transaction::
 * The incarnation of the publication's log is recorded with the installation: a
   re-created log (new incarnation) gets a fresh schema + snapshot.
 
-Limits (documented in the README): a table needs a primary key; a schema change
-on a published table is picked up by re-installation (publisher restart), and
-rows written between the ALTER and the restart carry the old columns only.
+Limits (documented in the README): a table needs a primary key.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ import structlog
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode, parse_declared_type
+from publisher.capture.sqlite.shapes import (
+    TRIGGER_TAGS,
+    build_triggers,
+    copy_rows,
+    fallback_name,
+    qident,
+    trigger_name,
+)
 from publisher.errors import SourceError
 
 __all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
@@ -66,11 +78,9 @@ CREATE TABLE IF NOT EXISTS _txrepl_capture(
 CREATE TABLE IF NOT EXISTS _txrepl_pubs(
     publication TEXT NOT NULL, incarnation TEXT NOT NULL, tbl TEXT NOT NULL,
     added_id INTEGER NOT NULL, PRIMARY KEY (publication, tbl));
+CREATE TABLE IF NOT EXISTS _txrepl_shapes(
+    gen INTEGER PRIMARY KEY AUTOINCREMENT, tbl TEXT NOT NULL, schema BLOB NOT NULL);
 """
-
-
-def qident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
 
 
 def parse_sql_literal(text: str) -> object:
@@ -95,6 +105,7 @@ class CapturedRow:
     op: str
     k: object
     v: object
+    gen: int | None = None  # None: captured by a build older than generations
 
 
 class SqliteCapture:
@@ -109,17 +120,23 @@ class SqliteCapture:
         )
         self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         self._conn.executescript(_SETUP)
-        self._schemas: dict[str, pb.TableSchema] = {}
-        self._types: dict[str, tuple[list[tuple[int, int]], list[tuple[int, int]]]] = {}
+        if "gen" not in {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}:
+            self._conn.execute("ALTER TABLE _txrepl_capture ADD COLUMN gen INTEGER")
+        # gen -> (schema, value types, key types); None: the current schema (old rows)
+        self._shapes: dict[int | None, _Shape] = {}
+        # (publication, table) -> the generation whose schema op the log has last seen
+        self._logged: dict[tuple[str, str], int | None] = {}
         self._data_version = -1
+        self._schema_version = -1  # as of the last refresh
 
     def close(self) -> None:
         self._conn.close()
 
     # -- schema -----------------------------------------------------------------
 
-    def read_schema(self, table: str) -> pb.TableSchema:
-        rows = self._conn.execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
+    def read_schema(self, table: str, conn: sqlite3.Connection | None = None) -> pb.TableSchema:
+        """The table's schema now (or as ``conn``'s open read transaction sees it)."""
+        rows = (conn or self._conn).execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
         if not rows:
             raise SourceError(f"table {table!r} does not exist in the SQLite source {self.path}")
         schema = pb.TableSchema(table=table)
@@ -146,19 +163,107 @@ class SqliteCapture:
         schema.primary_key.extend(name for _, name in sorted(pk))
         return schema
 
-    def _remember(self, schema: pb.TableSchema) -> None:
-        self._schemas[schema.table] = schema
-        cols = [(int(c.type), c.scale) for c in schema.columns]
-        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
-        self._types[schema.table] = (cols, [by_name[k] for k in schema.primary_key])
+    def _shape(self, gen: int | None, table: str) -> _Shape:
+        """The shape of generation ``gen`` (None: the table's current schema)."""
+        if gen is None:
+            return _Shape.of(self.read_schema(table))
+        shape = self._shapes.get(gen)
+        if shape is None:
+            row = self._conn.execute(
+                "SELECT schema FROM _txrepl_shapes WHERE gen = ?", (gen,)
+            ).fetchone()
+            if row is None:
+                raise SourceError(f"capture row of {table!r} names unknown generation {gen}")
+            shape = self._shapes[gen] = _Shape.of(pb.TableSchema.FromString(row[0]))
+        return shape
+
+    def _latest(self, table: str) -> tuple[int, pb.TableSchema] | None:
+        row = self._conn.execute(
+            "SELECT gen, schema FROM _txrepl_shapes WHERE tbl = ? ORDER BY gen DESC LIMIT 1",
+            (table,),
+        ).fetchone()
+        return None if row is None else (int(row[0]), pb.TableSchema.FromString(row[1]))
+
+    def _triggers_present(self, table: str) -> bool:
+        names = [trigger_name(tag, table) for tag in TRIGGER_TAGS]
+        (n,) = self._conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? "
+            "AND name IN (?, ?, ?)",
+            (table, *names),
+        ).fetchone()
+        return bool(n == len(names))
+
+    def _refresh_table(self, table: str, *, log_change: bool) -> int:
+        """Steps 1-4 of shapes.py for one table, inside the caller's write transaction.
+
+        Returns the table's current generation.  ``log_change`` False: only build
+        (the caller logs the schema and rows itself, as installation does).
+        """
+        schema = self.read_schema(table)
+        latest = self._latest(table)
+        present = self._triggers_present(table)
+        if latest is not None and present and latest[1] == schema:
+            return latest[0]
+        cur = self._conn.execute(
+            "INSERT INTO _txrepl_shapes(tbl, schema) VALUES (?, ?)",
+            (table, schema.SerializeToString()),
+        )
+        gen = int(cur.lastrowid or 0)
+        build_triggers(self._conn, schema, gen)
+        if latest is not None and log_change:
+            self._conn.execute(
+                "INSERT INTO _txrepl_capture(pub, tbl, op, v, gen) VALUES (NULL, ?, 'S', ?, ?)",
+                (table, schema.SerializeToString(), gen),
+            )
+            if not present:  # rebuilt: changes since the old table was dropped are lost
+                self._conn.execute(
+                    "INSERT INTO _txrepl_capture(pub, tbl, op, gen) VALUES (NULL, ?, 'T', ?)",
+                    (table, gen),
+                )
+            copy_rows(self._conn, schema, gen, None)
+            log.info(
+                "captured table changed shape; schema and rows logged",
+                table=table,
+                generation=gen,
+                rebuilt=not present,
+            )
+        return gen
+
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA schema_version").fetchone()[0])
+
+    def refresh(self) -> list[str]:
+        """Rebuild the capture of every captured table whose schema changed (shapes.py)."""
+        c = self._conn
+        changed: list[str] = []
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            tables = [r[0] for r in c.execute("SELECT DISTINCT tbl FROM _txrepl_pubs")]
+            for table in tables:
+                before = self._latest(table)
+                try:
+                    gen = self._refresh_table(table, log_change=True)
+                except SourceError as exc:  # dropped, or mid-rebuild in autocommit steps
+                    log.warning("captured table cannot be read; retried on the next change",
+                                table=table, error=str(exc))  # fmt: skip
+                    continue
+                if before is None or before[0] != gen:
+                    changed.append(table)
+            self._schema_version = self.schema_version()
+            c.execute("COMMIT")
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        return changed
 
     # -- installation -----------------------------------------------------------
 
     def install(self, publication: str, incarnation: str, tables: Sequence[str]) -> list[str]:
         """Make the source capture ``tables`` for ``publication``; returns tables newly added.
 
-        A table already installed for this publication and incarnation is left
-        alone (its triggers are refreshed); a new one gets schema + snapshot rows.
+        A table already installed for this publication and incarnation keeps its
+        capture (a schema change since is logged as while running: shapes.py);
+        a new one gets schema + snapshot rows.
         """
         added: list[str] = []
         c = self._conn
@@ -176,29 +281,25 @@ class SqliteCapture:
                     "DELETE FROM _txrepl_pubs WHERE publication = ? AND tbl = ?",
                     (publication, gone),
                 )
+            captured = {r[0] for r in c.execute("SELECT DISTINCT tbl FROM _txrepl_pubs")}
             for table in tables:
-                schema = self.read_schema(table)
-                self._install_triggers(schema)
-                self._remember(schema)
+                gen = self._refresh_table(table, log_change=table in captured)
                 if installed.get(table) == incarnation:
                     continue
+                schema = self._shape(gen, table).schema
                 cur = c.execute(
-                    "INSERT INTO _txrepl_capture(pub, tbl, op, v) VALUES (?, ?, 'S', ?)",
-                    (publication, table, schema.SerializeToString()),
+                    "INSERT INTO _txrepl_capture(pub, tbl, op, v, gen) VALUES (?, ?, 'S', ?, ?)",
+                    (publication, table, schema.SerializeToString(), gen),
                 )
                 added_id = cur.lastrowid
-                cols = ", ".join(f"quote({qident(col.name)})" for col in schema.columns)
-                c.execute(
-                    f"INSERT INTO _txrepl_capture(pub, tbl, op, v) "
-                    f"SELECT ?, ?, 'I', json_array({cols}) FROM {qident(table)}",
-                    (publication, table),
-                )
+                copy_rows(c, schema, gen, publication)
                 c.execute(
                     "INSERT OR REPLACE INTO _txrepl_pubs VALUES (?, ?, ?, ?)",
                     (publication, incarnation, table, added_id),
                 )
                 added.append(table)
             self._drop_unused_triggers()
+            self._schema_version = self.schema_version()
             c.execute("COMMIT")
         except BaseException:
             c.execute("ROLLBACK")
@@ -207,32 +308,17 @@ class SqliteCapture:
             log.info("capture installed", publication=publication, tables=added)
         return added
 
-    def _install_triggers(self, schema: pb.TableSchema) -> None:
-        t = schema.table
-        new = ", ".join(f"quote(NEW.{qident(c.name)})" for c in schema.columns)
-        old_key = ", ".join(f"quote(OLD.{qident(k)})" for k in schema.primary_key)
-        lit = t.replace("'", "''")
-        bodies = {
-            "i": ("INSERT", f"VALUES('{lit}', 'I', NULL, json_array({new}))"),
-            "u": ("UPDATE", f"VALUES('{lit}', 'U', json_array({old_key}), json_array({new}))"),
-            "d": ("DELETE", f"VALUES('{lit}', 'D', json_array({old_key}), NULL)"),
-        }
-        for tag, (event, values) in bodies.items():
-            name = qident(f"_txrepl_{tag}_{t}")
-            self._conn.execute(f"DROP TRIGGER IF EXISTS {name}")
-            self._conn.execute(
-                f"CREATE TRIGGER {name} AFTER {event} ON {qident(t)} BEGIN "
-                f"INSERT INTO _txrepl_capture(tbl, op, k, v) {values}; END"
-            )
-
     def _drop_unused_triggers(self) -> None:
         used = {r[0] for r in self._conn.execute("SELECT DISTINCT tbl FROM _txrepl_pubs")}
-        for name, tbl in self._conn.execute(
-            "SELECT name, tbl_name FROM sqlite_master WHERE type = 'trigger' "
+        fallbacks = {fallback_name(t) for t in used}
+        for kind, name, tbl in self._conn.execute(
+            "SELECT type, name, tbl_name FROM sqlite_master WHERE type IN ('trigger', 'table') "
             "AND name LIKE '\\_txrepl\\_%' ESCAPE '\\'"
         ).fetchall():
-            if tbl not in used:
+            if kind == "trigger" and tbl not in used:
                 self._conn.execute(f"DROP TRIGGER IF EXISTS {qident(name)}")
+            elif kind == "table" and name.startswith("_txrepl_fb_") and name not in fallbacks:
+                self._conn.execute(f"DROP TABLE IF EXISTS {qident(name)}")
 
     def installed(self) -> dict[str, dict[str, int]]:
         """publication -> table -> added_id."""
@@ -254,13 +340,30 @@ class SqliteCapture:
         return False
 
     def read(self, after_id: int, upto_id: int | None = None) -> list[CapturedRow]:
-        """Every captured row with after_id < id (<= upto_id), in one read transaction."""
-        rows = self._conn.execute(
-            "SELECT id, pub, tbl, op, k, v FROM _txrepl_capture WHERE id > ? AND id <= ?"
-            " ORDER BY id",
-            (after_id, upto_id if upto_id is not None else 2**63 - 1),
-        ).fetchall()
-        return [CapturedRow(*r) for r in rows]
+        """Every captured row with after_id < id (<= upto_id), in one read transaction.
+
+        If the source's schema moved since the last refresh, refresh first (in
+        the same read transaction as the rows, the schema version is checked):
+        the rows returned were all written after any change was logged.
+        """
+        c = self._conn
+        query = (
+            "SELECT id, pub, tbl, op, k, v, gen FROM _txrepl_capture WHERE id > ? AND id <= ?"
+            " ORDER BY id"
+        )
+        bounds = (after_id, upto_id if upto_id is not None else 2**63 - 1)
+        for _ in range(10):
+            c.execute("BEGIN")
+            try:
+                if self.schema_version() == self._schema_version:
+                    rows = c.execute(query, bounds).fetchall()
+                    return [CapturedRow(*r) for r in rows]
+            finally:
+                c.execute("COMMIT")
+            self.refresh()
+        # DDL faster than we can follow: the rows are still exact (their generation says
+        # their shape); the next poll logs the change.
+        return [CapturedRow(*r) for r in c.execute(query, bounds).fetchall()]
 
     def release(self, upto_id: int) -> None:
         """Delete captured rows that every publication has durably logged."""
@@ -275,6 +378,11 @@ class SqliteCapture:
         )
         return int(row[0]) if row else 0
 
+    def forget(self, publication: str) -> None:
+        """An entry built for ``publication`` was not logged: repeat its schema ops."""
+        for key in [k for k in self._logged if k[0] == publication]:
+            del self._logged[key]
+
     def build_entry(
         self,
         publication: str,
@@ -282,9 +390,14 @@ class SqliteCapture:
         after_id: int,
         tables: Mapping[str, int],
     ) -> tuple[pb.Entry | None, int]:
-        """Ops of ``rows`` that belong to ``publication``; returns (entry or None, last id)."""
+        """Ops of ``rows`` that belong to ``publication``; returns (entry or None, last id).
+
+        A row of a generation whose schema this publication's log has not seen
+        (since this process started) is preceded by that schema (shapes.py).
+        """
         entry = pb.Entry()
         last = after_id
+        logged = self._logged
         for r in rows:
             if r.id <= after_id:
                 continue
@@ -294,40 +407,58 @@ class SqliteCapture:
                 continue
             if r.pub is not None and r.pub != publication:
                 continue
-            op = entry.ops.add()
             if r.op == "S":
                 assert isinstance(r.v, bytes)
-                schema = pb.TableSchema.FromString(r.v)
-                self._remember(schema)
-                op.schema.CopyFrom(schema)
+                entry.ops.add().schema.MergeFromString(r.v)
+                logged[(publication, r.tbl)] = r.gen
                 continue
-            if r.tbl not in self._types:
-                self._remember(self.read_schema(r.tbl))
-            col_types, key_types = self._types[r.tbl]
-            rc = op.row
+            shape = self._shape(r.gen, r.tbl)
+            if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
+                entry.ops.add().schema.CopyFrom(shape.schema)
+                logged[(publication, r.tbl)] = r.gen
+            rc = entry.ops.add().row
             rc.table = r.tbl
-            if r.op == "I":
-                rc.op = pb.ROW_OP_INSERT
-            elif r.op == "U":
-                rc.op = pb.ROW_OP_UPDATE
-            else:
-                rc.op = pb.ROW_OP_DELETE
+            rc.op = _OPS[r.op]
             if r.k is not None:
                 assert isinstance(r.k, str)
-                keys = json.loads(r.k)
                 rc.key.extend(
                     encode(parse_sql_literal(x), t, s)
-                    for x, (t, s) in zip(keys, key_types, strict=False)
+                    for x, (t, s) in zip(json.loads(r.k), shape.key_types, strict=False)
                 )
             if r.v is not None:
                 assert isinstance(r.v, str)
-                vals = json.loads(r.v)
                 rc.row.extend(
                     encode(parse_sql_literal(x), t, s)
-                    for x, (t, s) in zip(vals, col_types, strict=False)
+                    for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
         if not entry.ops:
             return None, last
         entry.commit_time_us = int(time.time() * 1_000_000)
         entry.source_position = str(last)
         return entry, last
+
+
+_OPS = {
+    "I": pb.ROW_OP_INSERT,
+    "U": pb.ROW_OP_UPDATE,
+    "D": pb.ROW_OP_DELETE,
+    "T": pb.ROW_OP_TRUNCATE,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One generation's schema and the (type, scale) of its values and key."""
+
+    schema: pb.TableSchema
+    types: list[tuple[int, int]]
+    key_types: list[tuple[int, int]]
+
+    @classmethod
+    def of(cls, schema: pb.TableSchema) -> _Shape:
+        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
+        return cls(
+            schema,
+            [(int(c.type), c.scale) for c in schema.columns],
+            [by_name[k] for k in schema.primary_key],
+        )

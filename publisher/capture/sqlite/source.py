@@ -121,7 +121,11 @@ class SqliteSource:
                 pub.name, rows, pub.position, installed.get(pub.name, {})
             )
             if entry is not None:
-                pub.append(entry, position=last)
+                try:
+                    pub.append(entry, position=last)
+                except BaseException:
+                    self.capture.forget(pub.name)  # its schema ops were not logged
+                    raise
                 appended += 1
             elif last > pub.position:
                 pub.advance(last)
@@ -190,7 +194,9 @@ class SqliteSource:
             position = self.capture.max_id(conn)  # the first read starts the snapshot
             self.step(upto=position)
             seq = pub.log.head
-        schemas = [self.capture.read_schema(t) for t in tables]
+        # As the pinned transaction sees them: a later ALTER TABLE must not change
+        # the columns read from it.
+        schemas = [self.capture.read_schema(t, conn) for t in tables]
         counts = {
             t: int(conn.execute(f"SELECT count(*) FROM {qident(t)}").fetchone()[0]) for t in tables
         }

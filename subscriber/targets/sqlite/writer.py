@@ -17,6 +17,9 @@ JSON         TEXT      the JSON document's text
 other        (none)    the value's natural SQLite form
 ===========  ========  ==============================================
 
+Replicated changes do not fire the target's own triggers (``triggers.py``: the
+replica role of SQLite targets, with a ``txrepl:always`` opt-out per trigger).
+
 The database runs in WAL mode with ``synchronous=FULL``: a commit that returned
 survives a crash or power loss.
 """
@@ -51,6 +54,7 @@ from subscriber.apply.writer import (
 )
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
+from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
 
@@ -93,6 +97,9 @@ CREATE TABLE IF NOT EXISTS txrepl_errors (
     status       TEXT NOT NULL DEFAULT 'open',  -- open | skipped | applied
     PRIMARY KEY (subscription, seq)
 );
+-- one row only inside the writer's batch transaction: the target's triggers skip
+-- replicated changes (triggers.py)
+CREATE TABLE IF NOT EXISTS txrepl_applying (since TEXT NOT NULL);
 """
 
 
@@ -170,6 +177,7 @@ class SqliteWriter:
         except sqlite3.Error as exc:
             raise WriterError(f"cannot open SQLite target {self.path}: {exc}") from exc
         self._lock = threading.Lock()
+        self._guard = TriggerGuard()
 
     def close(self) -> None:
         with self._lock:
@@ -197,13 +205,18 @@ class SqliteWriter:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 METADATA_SQL.check_and_lock(conn, subscription, incarnation, first_seq)
+                self._guard.ensure(conn)
+                conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
+                self._guard.ensure(conn)  # a replicated schema op or SQL may add triggers
+                conn.execute("DELETE FROM txrepl_applying")
                 METADATA_SQL.set_level(conn, subscription, incarnation, last_seq)
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:
+                self._guard.forget()
                 self._fail(exc, subscription, first_seq)
                 raise
 
@@ -284,7 +297,7 @@ class SqliteWriter:
         if isinstance(step, HistoryStep):
             return self._history(step)
         if isinstance(step, SchemaStep):
-            self._schema(subscription, step.schema, step.target or step.schema)
+            self._schema(subscription, step.schema, step.target or step.schema, step.previous)
             return 0
         if isinstance(step, TruncateStep):
             self._conn.execute(f"DELETE FROM {quote(step.table)}")
@@ -307,7 +320,13 @@ class SqliteWriter:
     def _existing_columns(self, table: str) -> list[str]:
         return [r[1] for r in self._conn.execute(f"PRAGMA table_info({quote(table)})")]
 
-    def _schema(self, subscription: str, source: pb.TableSchema, schema: pb.TableSchema) -> None:
+    def _schema(
+        self,
+        subscription: str,
+        source: pb.TableSchema,
+        schema: pb.TableSchema,
+        previous: pb.TableSchema | None,
+    ) -> None:
         existing = self._existing_columns(schema.table)
         if not existing:
             cols = []
@@ -329,7 +348,31 @@ class SqliteWriter:
                     self._conn.execute(
                         f"ALTER TABLE {quote(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
                     )
+            if previous is not None and schema is source:
+                self._drop_columns(schema, previous, have)
         METADATA_SQL.record_schema(self._conn, subscription, source)
+
+    def _drop_columns(
+        self, schema: pb.TableSchema, previous: pb.TableSchema, have: set[str]
+    ) -> None:
+        """Drop the columns the source dropped (or renamed: the new name was added).
+
+        Only columns the previous source schema had: a column the operator added
+        to the target stays.  A shaped target (transforms, history) keeps its
+        columns.
+        """
+        now = {c.name.lower() for c in schema.columns}
+        for c in previous.columns:
+            if c.name.lower() in now or c.name.lower() not in have:
+                continue
+            try:
+                self._conn.execute(f"ALTER TABLE {quote(schema.table)} DROP COLUMN {quote(c.name)}")
+            except sqlite3.OperationalError as exc:
+                raise WriterError(
+                    f"the source dropped column {c.name!r} of table {schema.table!r} but the "
+                    f"SQLite target {self.path} cannot ({exc}): drop what uses the column on "
+                    "the target (index, view, trigger), then `txrepl subscriber errors retry`"
+                ) from exc
 
     def _rows(self, step: RowsStep) -> int:
         schema = step.schema

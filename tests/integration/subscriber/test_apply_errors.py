@@ -65,7 +65,8 @@ def add_check(backend: Backend) -> None:
     if backend.name == "sqlite":  # SQLite cannot add a CHECK: a trigger does the same
         backend.execute(
             "CREATE TRIGGER no_bad BEFORE INSERT ON items WHEN NEW.name = 'bad'"
-            " BEGIN SELECT RAISE(ABORT, 'CHECK constraint failed: no_bad'); END;"
+            " BEGIN /* txrepl:always (a CHECK fires for replicated rows too) */"
+            " SELECT RAISE(ABORT, 'CHECK constraint failed: no_bad'); END;"
         )
     else:
         backend.execute("ALTER TABLE items ADD CONSTRAINT no_bad CHECK (name <> 'bad')")

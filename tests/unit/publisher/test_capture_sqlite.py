@@ -149,3 +149,82 @@ def test_missing_table_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match="'ghost' does not exist"):
         cap.install("p", "i", ["t", "ghost"])
     assert cap.installed() == {}
+
+
+def _ops(entry: pb.Entry | None) -> list[object]:
+    """Each op as ('S', column names) or (op name, key, row)."""
+    out: list[object] = []
+    for op in entry.ops if entry is not None else []:
+        if op.HasField("schema"):
+            out.append(("S", [c.name for c in op.schema.columns]))
+        else:
+            row = op.row
+            key, vals = [decode(v) for v in row.key], [decode(v) for v in row.row]
+            out.append((pb.RowOp.Name(row.op)[7:], key, vals))
+    return out
+
+
+def test_alter_table_succeeds_and_each_row_keeps_its_shape(tmp_path: Path) -> None:
+    """ADD / DROP / RENAME COLUMN on a captured table succeed in the application; rows
+    keep the shape they were written in, and the new schema plus a copy of the table
+    (carrying ADD COLUMN's default) come before the first row of the new shape."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT, c TEXT)")
+    src.execute("INSERT INTO t VALUES (1, 'a1', 'c1')")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "i", ["t"])
+    pos = 0
+
+    def poll() -> list[object]:
+        nonlocal pos
+        entry, pos = cap.build_entry("p", cap.read(pos), pos, cap.installed()["p"])
+        return _ops(entry)
+
+    assert poll() == [("S", ["id", "a", "c"]), ("INSERT", [], [1, "a1", "c1"])]
+    src.executescript(
+        "BEGIN; ALTER TABLE t ADD COLUMN d TEXT DEFAULT 'dd';"
+        " INSERT INTO t VALUES (2, 'a2', 'c2', 'd2'); COMMIT;"
+    )
+    assert poll() == [
+        ("INSERT", [], [2, "a2", "c2"]),  # written by the old triggers: the old shape
+        ("S", ["id", "a", "c", "d"]),
+        ("INSERT", [], [1, "a1", "c1", "dd"]),  # the default, which no trigger saw
+        ("INSERT", [], [2, "a2", "c2", "d2"]),
+    ]
+    src.execute("ALTER TABLE t DROP COLUMN c")  # failed: "no such column: NEW.c"
+    src.execute("ALTER TABLE t RENAME COLUMN a TO b")
+    assert poll()[0] == ("S", ["id", "b", "d"])
+    src.execute("UPDATE t SET b = 'B' WHERE id = 2")
+    assert poll() == [("UPDATE", [2], [2, "B", "d2"])]
+    # A new capture (a publisher restart) repeats the schema before its first row.
+    cap2 = SqliteCapture(tmp_path / "src.db")
+    cap2.install("p", "i", ["t"])
+    src.execute("DELETE FROM t WHERE id = 1")
+    entry, _ = cap2.build_entry("p", cap2.read(pos), pos, cap2.installed()["p"])
+    assert _ops(entry) == [("S", ["id", "b", "d"]), ("DELETE", [1], [])]
+
+
+def test_rebuilt_table_is_truncated_and_copied(tmp_path: Path) -> None:
+    """Create new, copy, drop old, rename: the triggers went with the old table, so the
+    capture logs the schema, a truncate and every row, changes since included."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, a TEXT)")
+    src.execute("INSERT INTO t VALUES (1, 'a1')")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "i", ["t"])
+    rows = cap.read(0)
+    _, pos = cap.build_entry("p", rows, 0, cap.installed()["p"])
+    src.executescript(
+        "BEGIN; CREATE TABLE t2(id INTEGER PRIMARY KEY, a INTEGER); INSERT INTO t2 SELECT * FROM t;"
+        " DROP TABLE t; ALTER TABLE t2 RENAME TO t; COMMIT;"
+    )
+    src.execute("INSERT INTO t VALUES (2, 5)")  # no trigger: the copy carries it
+    entry, _ = cap.build_entry("p", cap.read(pos), pos, cap.installed()["p"])
+    assert _ops(entry) == [
+        ("S", ["id", "a"]),
+        ("TRUNCATE", [], []),
+        ("INSERT", [], [1, "a1"]),
+        ("INSERT", [], [2, 5]),
+    ]
+    assert entry is not None
+    assert entry.ops[0].schema.columns[1].type == pb.COLUMN_TYPE_INTEGER
