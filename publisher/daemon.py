@@ -22,7 +22,7 @@ and grants the publication — before anything is written to the registry.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ import grpc
 import structlog
 
 from common import metrics
+from common.daemon import serve_daemon
 from common.feedstatus import CutKind, cut_label
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
@@ -40,12 +41,7 @@ from common.security import (
     server_credentials,
     token_from_metadata,
 )
-from common.serve import (
-    GrpcEndpoint,
-    freeze_startup_heap,
-    install_signal_handlers,
-    write_atomic,
-)
+from common.serve import GrpcEndpoint, install_signal_handlers
 from common.systemd import Notifier
 from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
@@ -205,6 +201,7 @@ class Publisher:
         self.capture_thread: CaptureThread | None = None
         self.endpoint: GrpcEndpoint | None = None
         self.feeds: FeedManager | None = None
+        self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
 
     def open(self) -> None:
@@ -268,62 +265,59 @@ class Publisher:
             credentials=server_credentials(cfg.tls, cfg.path),
             interceptors=interceptors,
         )
-        await self.endpoint.start()
+        self.snapshots = snapshots
+        await serve_daemon(
+            self,
+            name="publisher",
+            endpoint=self.endpoint,
+            data_dir=self.data_dir,
+            metrics_listen=cfg.metrics_listen,
+            ready_status=lambda address: f"serving on {address}",
+            grace=3.0,
+            log=log,
+            ready=ready,
+        )
+
+    def start_work(self) -> None:
         if self.source is not None:
             self.capture_thread = CaptureThread(self.source, list(self.publications.values()))
             self.capture_thread.start()
-            if snapshots is not None:
-                snapshots.running = True
-        if cfg.metrics_listen:
-            registry = metrics.new_registry()
-            registry.register(PublisherCollector(self))
-            self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, registry)
-            address = self.metrics_server.start()
-            write_atomic(self.data_dir / "metrics.addr", address + "\n")
-        freeze_startup_heap()
-        write_atomic(self.data_dir / "publisher.addr", self.endpoint.address + "\n")
-        log.info(
-            "publisher ready",
-            server=cfg.server_name,
-            listen=self.endpoint.address,
-            tls=cfg.tls.enabled,
-            mutual_tls=bool(cfg.tls.client_ca_file),
-            auth=cfg.auth_enabled,
-            publications={n: p.log.head for n, p in self.publications.items()},
-        )
-        self.notifier.ready(f"serving on {self.endpoint.address}")
-        if ready is not None:
-            ready.set()
-        watchdog = asyncio.create_task(self._watchdog())
-        retention = asyncio.create_task(
-            retention_loop(self.publications, self.registry, cfg.retention_interval_s)
-        )
-        try:
-            await self.stop_event.wait()
-        finally:
-            watchdog.cancel()
-            retention.cancel()
-            log.info("publisher stopping")
-            await self.endpoint.not_serving()
-            self.notifier.stopping()
-            if self.capture_thread is not None:
-                self.capture_thread.halt.set()
-                await asyncio.to_thread(self.capture_thread.join, 10)
-            feeds.stopping.set()
-            await self.endpoint.stop(grace=3.0)
-            if self.metrics_server is not None:
-                self.metrics_server.stop()
-            self.close()
-            log.info("publisher stopped")
+            if self.snapshots is not None:
+                self.snapshots.running = True
 
-    async def _watchdog(self) -> None:
-        if not self.notifier.watchdog_s:
-            return
-        while True:
-            healthy = self.capture_thread is None or self.capture_thread.is_alive()
-            if healthy:
-                self.notifier.watchdog()
-            await asyncio.sleep(self.notifier.watchdog_s / 3)
+    def open_metrics(self) -> Any:
+        registry = metrics.new_registry()
+        registry.register(PublisherCollector(self))
+        return registry
+
+    def ready_fields(self, address: str) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "server": cfg.server_name,
+            "listen": address,
+            "tls": cfg.tls.enabled,
+            "mutual_tls": bool(cfg.tls.client_ca_file),
+            "auth": cfg.auth_enabled,
+            "publications": {n: p.log.head for n, p in self.publications.items()},
+        }
+
+    async def healthy(self) -> bool:
+        return self.capture_thread is None or self.capture_thread.is_alive()
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        assert self.registry is not None
+        return [retention_loop(self.publications, self.registry, self.config.retention_interval_s)]
+
+    async def drain(self) -> None:
+        """Capture stops after the entry in progress, then the feeds are cut."""
+        if self.capture_thread is not None:
+            self.capture_thread.halt.set()
+            await asyncio.to_thread(self.capture_thread.join, 10)
+        if self.feeds is not None:
+            self.feeds.stopping.set()
+
+    def stopped_fields(self) -> dict[str, Any]:
+        return {}
 
     def close(self) -> None:
         for pub in self.publications.values():

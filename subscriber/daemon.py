@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -30,6 +30,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from common import metrics
+from common.daemon import serve_daemon
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
     AuthInterceptor,
@@ -38,12 +39,7 @@ from common.security import (
     aio_channel_factory,
     server_credentials,
 )
-from common.serve import (
-    GrpcEndpoint,
-    freeze_startup_heap,
-    install_signal_handlers,
-    write_atomic,
-)
+from common.serve import GrpcEndpoint, install_signal_handlers
 from common.systemd import Notifier
 from subscriber.apply import (
     AnyEntry,
@@ -186,6 +182,7 @@ class Subscriber:
         self.spark: SparkSession | None = None
         self.metrics_registry = metrics.new_registry() if config.metrics_listen else None
         self.metrics_server: metrics.MetricsServer | None = None
+        self.tasks: list[asyncio.Task[None]] = []
 
     def open(self) -> None:
         cfg = self.config
@@ -221,51 +218,58 @@ class Subscriber:
             credentials=server_credentials(cfg.tls, cfg.path),
             interceptors=interceptors,
         )
-        await endpoint.start()
-        tasks = [asyncio.create_task(r.run(), name=f"sub-{n}") for n, r in self.runners.items()]
+        await serve_daemon(
+            self,
+            name="subscriber",
+            endpoint=endpoint,
+            data_dir=cfg.data_path,
+            metrics_listen=cfg.metrics_listen,
+            ready_status=lambda address: f"control on {address}",
+            grace=2.0,
+            log=log,
+        )
+
+    def start_work(self) -> None:
+        """One task per subscription, so one's cut, error or pause never stalls another."""
+        self.tasks = [
+            asyncio.create_task(r.run(), name=f"sub-{n}") for n, r in self.runners.items()
+        ]
+
+    def open_metrics(self) -> Any:
         if self.metrics_registry is not None:
             self.metrics_registry.register(SubscriberCollector(self))
-            self.metrics_server = metrics.MetricsServer(cfg.metrics_listen, self.metrics_registry)
-            address = self.metrics_server.start()
-            write_atomic(cfg.data_path / "metrics.addr", address + "\n")
-        freeze_startup_heap()
-        write_atomic(cfg.data_path / "subscriber.addr", endpoint.address + "\n")
-        log.info(
-            "subscriber ready",
-            server=cfg.server_name,
-            control=endpoint.address,
-            tls=cfg.tls.enabled,
-            control_auth=bool(cfg.auth.admin_token_hashes),
-            subscriptions={n: r.level for n, r in self.runners.items()},
-        )
-        self.notifier.ready(f"control on {endpoint.address}")
-        watchdog = asyncio.create_task(self._watchdog())
-        try:
-            await self.stop_event.wait()
-        finally:
-            watchdog.cancel()
-            log.info("subscriber stopping")
-            await endpoint.not_serving()
-            self.notifier.stopping()
-            for r in self.runners.values():
-                r.stop()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            self.notifier.status("drained: " + _levels(self.runners))
-            await endpoint.stop(grace=2.0)
-            if self.metrics_server is not None:
-                self.metrics_server.stop()
-            if self.spark is not None:
-                self.spark.stop()
-            log.info("subscriber stopped", levels={n: r.level for n, r in self.runners.items()})
+        return self.metrics_registry
 
-    async def _watchdog(self) -> None:
-        """Ping while the loop turns and Spark's JVM answers; systemd restarts us otherwise."""
-        if not self.notifier.watchdog_s:
-            return
-        while True:
-            if await asyncio.to_thread(self._spark_alive):
-                self.notifier.watchdog()
-            await asyncio.sleep(self.notifier.watchdog_s / 3)
+    def ready_fields(self, address: str) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "server": cfg.server_name,
+            "control": address,
+            "tls": cfg.tls.enabled,
+            "control_auth": bool(cfg.auth.admin_token_hashes),
+            "subscriptions": {n: r.level for n, r in self.runners.items()},
+        }
+
+    async def healthy(self) -> bool:
+        """While the loop turns and Spark's JVM answers; systemd restarts us otherwise."""
+        return await asyncio.to_thread(self._spark_alive)
+
+    def background(self) -> list[Coroutine[Any, Any, None]]:
+        return []
+
+    async def drain(self) -> None:
+        """Each runner stops reading; the batch in flight commits with its level and is acked."""
+        for r in self.runners.values():
+            r.stop()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        self.notifier.status("drained: " + _levels(self.runners))
+
+    def close(self) -> None:
+        if self.spark is not None:
+            self.spark.stop()
+
+    def stopped_fields(self) -> dict[str, Any]:
+        return {"levels": {n: r.level for n, r in self.runners.items()}}
 
     def _spark_alive(self) -> bool:
         if self.spark is None:
