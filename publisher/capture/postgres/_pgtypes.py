@@ -94,13 +94,16 @@ def numeric_typmod(typmod: int) -> tuple[int, int]:
 class TypeInfo:
     """The logical type of one column: its ColumnType, precision, scale and encoder."""
 
-    __slots__ = ("ctype", "encode", "precision", "scale", "source_type")
+    __slots__ = ("ctype", "encode", "pg_type", "precision", "scale", "source_type")
 
-    def __init__(self, ctype: int, precision: int, scale: int, source_type: str) -> None:
+    def __init__(
+        self, ctype: int, precision: int, scale: int, source_type: str, pg_type: str = ""
+    ) -> None:
         self.ctype = ctype
         self.precision = precision
         self.scale = scale
         self.source_type = source_type
+        self.pg_type = pg_type
         self.encode: Callable[[str], pb.Value] = _encoder(int(ctype), scale)
 
     def column(self, name: str, nullable: bool) -> pb.Column:
@@ -111,6 +114,7 @@ class TypeInfo:
             scale=self.scale,
             nullable=nullable,
             source_type=self.source_type,
+            pg_type=self.pg_type,
         )
 
 
