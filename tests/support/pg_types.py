@@ -20,9 +20,9 @@ import string
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["COLUMNS", "KEYED_COLUMNS", "SCHEMA", "TypedWorkload", "table_text"]
+__all__ = ["COLUMNS", "KEYED_COLUMNS", "SCHEMA", "TypedWorkload", "schema_sql", "table_text"]
 
-SCHEMA = """
+TYPES = """
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy', 'it''s "complicated"');
 CREATE DOMAIN posint AS integer CHECK (VALUE > 0);
 CREATE DOMAIN short_text AS varchar(10);
@@ -165,12 +165,19 @@ KEYED_COLUMNS: list[tuple[str, str, Gen]] = [
     ("v", "interval", _pick("1 day", "-00:00:01", None)),
 ]
 
-SCHEMA += (
-    "CREATE TABLE typed (id bigint PRIMARY KEY, "
-    + ", ".join(f"{c} {t}" for c, t, _ in COLUMNS)
-    + ");\nCREATE TABLE keyed (k_uuid uuid, k_inet inet, v interval,"
-    " PRIMARY KEY (k_uuid, k_inet));\n"
-)
+
+def schema_sql(columns: list[tuple[str, str, Gen]]) -> str:
+    """The types and both tables, ``typed`` with ``columns``."""
+    return (
+        TYPES
+        + "CREATE TABLE typed (id bigint PRIMARY KEY, "
+        + ", ".join(f"{c} {t}" for c, t, _ in columns)
+        + ");\nCREATE TABLE keyed (k_uuid uuid, k_inet inet, v interval,"
+        " PRIMARY KEY (k_uuid, k_inet));\n"
+    )
+
+
+SCHEMA = schema_sql(COLUMNS)
 
 Stmt = tuple[str, list[Any]]  # as built; run as (sql, tuple of params)
 
@@ -178,7 +185,8 @@ Stmt = tuple[str, list[Any]]  # as built; run as (sql, tuple of params)
 class TypedWorkload:
     """Seeded transactions over ``typed`` and ``keyed`` (see the module docstring)."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, columns: list[tuple[str, str, Gen]] = COLUMNS) -> None:
+        self.columns = columns
         self.r = random.Random(seed)
         self.ids: list[int] = []
         self.next_id = 1
@@ -191,17 +199,17 @@ class TypedWorkload:
         ident = self.next_id
         self.next_id += 1
         self.ids.append(ident)
-        cols = ", ".join(c for c, _, _ in COLUMNS)
-        marks = ", ".join(f"%s::{t}" for _, t, _ in COLUMNS)
+        cols = ", ".join(c for c, _, _ in self.columns)
+        marks = ", ".join(f"%s::{t}" for _, t, _ in self.columns)
         return f"INSERT INTO typed (id, {cols}) VALUES (%s, {marks})", [
             ident,
-            *self._row(COLUMNS),
+            *self._row(self.columns),
         ]
 
     def _update_typed(self) -> Stmt:
         ident = self.r.choice(self.ids)
         # A few columns; c_big rarely, so most updates leave its TOASTed value out.
-        pool = [c for c in COLUMNS if c[0] != "c_big" or self.r.random() < 0.1]
+        pool = [c for c in self.columns if c[0] != "c_big" or self.r.random() < 0.1]
         chosen = self.r.sample(pool, self.r.randint(1, 4))
         sets = ", ".join(f"{c} = %s::{t}" for c, t, _ in chosen)
         return f"UPDATE typed SET {sets} WHERE id = %s", [

@@ -34,6 +34,7 @@ from publisher.capture.postgres._pgcatalog import (
 )
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
+from publisher.capture.postgres._pgwal2json import LOSSY_TYPES
 from publisher.capture.postgres._state import (
     Mark,
     PendingSnapshot,
@@ -351,8 +352,7 @@ class CaptureCore:
                 "user must own the table, or be a superuser)"
             ) from e
 
-    @staticmethod
-    def _check_types(conn: psycopg.Connection[tuple[Any, ...]], name: TableName) -> None:
+    def _check_types(self, conn: psycopg.Connection[tuple[Any, ...]], name: TableName) -> None:
         """Refuse a table with a column whose type cannot be carried exactly, by name."""
         columns = conn.execute(
             "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid ="
@@ -361,7 +361,13 @@ class CaptureCore:
         ).fetchall()
         for column, oid, typmod in columns:
             try:
-                pg_target_type(conn, int(oid), int(typmod))
+                spelled, _ = pg_target_type(conn, int(oid), int(typmod))
+                if self.plugin == "wal2json" and spelled.split("(")[0] in LOSSY_TYPES:
+                    raise UnsupportedType(
+                        spelled,
+                        "wal2json writes its NaN and Infinity values as null (use plugin = "
+                        "'pgoutput')",
+                    )
             except UnsupportedType as e:
                 raise SourceError(
                     f"table {name.display!r}, column {column!r}: {e}; leave the table out of "

@@ -4,29 +4,45 @@ private instances), and refuses at install the types it cannot carry."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
 
 from publisher.capture.postgres import PostgresCapture
+from publisher.capture.postgres._pgwal2json import LOSSY_TYPES
 from publisher.errors import SourceError
 from tests.support.harness import Pair, wait_until
-from tests.support.pg_types import COLUMNS, KEYED_COLUMNS, SCHEMA, TypedWorkload, table_text
+from tests.support.pg_types import (
+    COLUMNS,
+    SCHEMA,
+    TypedWorkload,
+    schema_sql,
+    table_text,
+)
 from tests.support.workload import run_pg
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
-TABLES = {
-    "typed": (["id", *[c for c, _, _ in COLUMNS]], ["id"]),
-    "keyed": ([c for c, _, _ in KEYED_COLUMNS], ["k_uuid", "k_inet"]),
-}
+# wal2json writes NaN and +-Infinity of these as null: capture refuses them under it.
+WAL2JSON_COLUMNS = [c for c in COLUMNS if c[1].split("(")[0] not in LOSSY_TYPES]
+
+KEYS = {"typed": ["id"], "keyed": ["k_uuid", "k_inet"]}
 
 
 def _differences(src_dsn: str, dst_dsn: str) -> list[str]:
     """Rows that differ between source and target, as text (empty when equal)."""
     out: list[str] = []
     with psycopg.connect(src_dsn) as src, psycopg.connect(dst_dsn) as dst:
-        for table, (columns, key) in TABLES.items():
+        for table, key in KEYS.items():
+            columns = [
+                str(r[0])
+                for r in src.execute(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass"
+                    " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+                    (table,),
+                )
+            ]
             try:
                 theirs = table_text(dst, table, columns, key)
             except psycopg.Error as e:
@@ -64,30 +80,46 @@ def _settle(pair: Pair, src_dsn: str, dst_dsn: str) -> None:
     )
 
 
-@pytest.mark.parametrize("target_tables", ["made by txrepl", "made by the operator"])
+JDBC = {
+    "spark": {"jars": ["/usr/share/java/postgresql.jar"]},
+    "apply": {"jdbc_min_rows": 1, "spark_min_rows": 0},
+}
+
+
+@pytest.mark.parametrize(
+    ("target_tables", "plugin", "subscriber_extra"),
+    [
+        pytest.param("txrepl", "pgoutput", {}, id="pgoutput-copy"),
+        pytest.param("operator", "pgoutput", {}, id="pgoutput-operator_tables"),
+        pytest.param("txrepl", "wal2json", JDBC, id="wal2json-jdbc_staging"),
+    ],
+)
 def test_every_type_round_trips_through_the_daemons(
-    tmp_path: Path, pg_server, target_tables: str
+    tmp_path: Path, pg_server, target_tables: str, plugin: str, subscriber_extra: dict[str, Any]
 ) -> None:
     """Rows of every built-in type (NULLs, extremes, TOASTed values left out of updates,
     key changes, deletes) reach a PostgreSQL target value for value: rows present at
     install, a backlog applied in one big batch, then live small batches; into tables
     txrepl creates, or that the operator created with the source's DDL (enums, domains,
-    composites and all)."""
+    composites and all); decoded by pgoutput or wal2json; staged by COPY or by Spark
+    over JDBC."""
     src_dsn = pg_server.create_database()
     dst_dsn = pg_server.create_database()
-    if target_tables == "made by the operator":
+    columns = WAL2JSON_COLUMNS if plugin == "wal2json" else COLUMNS
+    if target_tables == "operator":
         with psycopg.connect(dst_dsn, autocommit=True) as dst:
-            dst.execute(SCHEMA)
+            dst.execute(schema_sql(columns))
     src = psycopg.connect(src_dsn, autocommit=True)
-    src.execute(SCHEMA)
-    work = TypedWorkload(seed=19)
+    src.execute(schema_sql(columns))
+    work = TypedWorkload(seed=19, columns=columns)
     run_pg(src, work.transactions(40))  # present when the table is added
     pair = Pair(
         tmp_path,
-        tables=list(TABLES),
+        tables=list(KEYS),
         source_url=src_dsn,
         target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_types_" + target_tables.split()[-1]},
+        publisher_extra={"slot": f"txrepl_types_{target_tables}_{plugin}", "plugin": plugin},
+        subscriber_extra=subscriber_extra,
     )
     try:
         pair.start_publisher()
@@ -97,6 +129,11 @@ def test_every_type_round_trips_through_the_daemons(
         for _ in range(60):  # live: small batches
             run_pg(src, work.transactions(1))
         _settle(pair, src_dsn, dst_dsn)
+        if subscriber_extra is JDBC:  # the rows went through Spark's JDBC staging tables
+            with psycopg.connect(dst_dsn) as dst:
+                assert dst.execute(
+                    "SELECT count(*) FROM pg_class WHERE relname LIKE 'txrepl\\_jdbc\\_%'"
+                ).fetchone() != (0,)
     finally:
         pair.stop()
         src.close()
@@ -104,7 +141,9 @@ def test_every_type_round_trips_through_the_daemons(
 
 def test_a_type_that_cannot_be_carried_is_refused_at_install(pg_db: str) -> None:
     """A table with an ``aclitem`` column (an array of them, through a domain) is refused
-    when added, naming table, column and type; a table of carried types installs."""
+    when added, naming table, column and type, and nothing is installed; a table of
+    carried types installs.  Under wal2json a numeric column is refused (wal2json
+    writes NaN as null)."""
     with psycopg.connect(pg_db, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("CREATE DOMAIN perms AS aclitem[]")
@@ -113,6 +152,12 @@ def test_a_type_that_cannot_be_carried_is_refused_at_install(pg_db: str) -> None
     try:
         with pytest.raises(SourceError, match=r"'grants', column 'acl'.*type aclitem\b"):
             cap.install("p", "inc", ["typed", "grants"])
-        assert cap.install("p", "inc", ["typed", "keyed"]) == ["typed", "keyed"]
+        assert cap.install("p", "inc", ["keyed", "typed"]) == ["keyed", "typed"]
+    finally:
+        cap.close()
+    cap = PostgresCapture(pg_db, slot="s_refuse_w2j", plugin="wal2json")
+    try:
+        with pytest.raises(SourceError, match=r"'typed', column 'c_num'.*numeric.*pgoutput"):
+            cap.install("p", "inc", ["keyed", "typed"])
     finally:
         cap.close()
