@@ -272,12 +272,15 @@ class TypedWorkload:
             yield [(q, tuple(params)) for q, params in stmts]
 
 
-def table_text(conn: Any, table: str, columns: list[str], key: list[str]) -> list[tuple[Any, ...]]:
-    """Every row of ``table`` as the text of each column, in key order."""
+def table_text(
+    conn: Any, table: str, columns: list[str], key: list[str], where: str = "TRUE"
+) -> list[tuple[Any, ...]]:
+    """Every row of ``table`` (``where`` holds) as the text of each column, in key order."""
     conn.execute("SET TimeZone = 'UTC'")
     conn.execute("SET DateStyle = 'ISO, YMD'")
     conn.execute("SET IntervalStyle = 'postgres'")
     conn.execute("SET extra_float_digits = 1")
     cols = ", ".join(f'"{c}"::text' for c in columns)
     order = ", ".join(f'"{k}"' for k in key)
-    return [tuple(r) for r in conn.execute(f"SELECT {cols} FROM {table} ORDER BY {order}")]
+    query = f"SELECT {cols} FROM {table} WHERE {where} ORDER BY {order}"
+    return [tuple(r) for r in conn.execute(query)]

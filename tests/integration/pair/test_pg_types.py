@@ -30,8 +30,9 @@ WAL2JSON_COLUMNS = [c for c in COLUMNS if c[1].split("(")[0] not in LOSSY_TYPES]
 KEYS = {"typed": ["id"], "keyed": ["k_uuid", "k_inet"]}
 
 
-def _differences(src_dsn: str, dst_dsn: str) -> list[str]:
-    """Rows that differ between source and target, as text (empty when equal)."""
+def _differences(src_dsn: str, dst_dsn: str, history: bool = False) -> list[str]:
+    """Rows that differ between source and target, as text (empty when equal);
+    ``history``: the target's current versions."""
     out: list[str] = []
     with psycopg.connect(src_dsn) as src, psycopg.connect(dst_dsn) as dst:
         for table, key in KEYS.items():
@@ -44,7 +45,8 @@ def _differences(src_dsn: str, dst_dsn: str) -> list[str]:
                 )
             ]
             try:
-                theirs = table_text(dst, table, columns, key)
+                current = "_last_seq IS NULL AND _op <> 'D'" if history else "TRUE"
+                theirs = table_text(dst, table, columns, key, current)
             except psycopg.Error as e:
                 return [f"{table}: {e}"]
             ours = table_text(src, table, columns, key)
@@ -63,18 +65,18 @@ def _differences(src_dsn: str, dst_dsn: str) -> list[str]:
     return out
 
 
-def _settle(pair: Pair, src_dsn: str, dst_dsn: str) -> None:
+def _settle(pair: Pair, src_dsn: str, dst_dsn: str, history: bool = False) -> None:
     """Wait until the target equals the source (or the subscription stops in error)."""
 
     def done() -> bool:
-        return pair.status().state == "error" or not _differences(src_dsn, dst_dsn)
+        return pair.status().state == "error" or not _differences(src_dsn, dst_dsn, history)
 
     try:
         wait_until(done, 180, "the target to equal the source", interval=0.5)
     except TimeoutError:
         pass
     st = pair.status()
-    diff = _differences(src_dsn, dst_dsn)
+    diff = _differences(src_dsn, dst_dsn, history)
     assert (st.state, diff) == ("in_sync", []), f"last error: {st.last_error}\n" + "\n".join(
         diff[:40]
     )
@@ -85,6 +87,8 @@ JDBC = {
     "apply": {"jdbc_min_rows": 1, "spark_min_rows": 0},
 }
 
+HISTORY = {"apply": {"tables": {t: {"history": True} for t in KEYS}}}
+
 
 @pytest.mark.parametrize(
     ("target_tables", "plugin", "subscriber_extra"),
@@ -92,6 +96,7 @@ JDBC = {
         pytest.param("txrepl", "pgoutput", {}, id="pgoutput-copy"),
         pytest.param("operator", "pgoutput", {}, id="pgoutput-operator_tables"),
         pytest.param("txrepl", "wal2json", JDBC, id="wal2json-jdbc_staging"),
+        pytest.param("txrepl", "pgoutput", HISTORY, id="pgoutput-history"),
     ],
 )
 def test_every_type_round_trips_through_the_daemons(
@@ -102,7 +107,8 @@ def test_every_type_round_trips_through_the_daemons(
     install, a backlog applied in one big batch, then live small batches; into tables
     txrepl creates, or that the operator created with the source's DDL (enums, domains,
     composites and all); decoded by pgoutput or wal2json; staged by COPY or by Spark
-    over JDBC; and loaded from a snapshot (reinit) into an empty database."""
+    over JDBC; kept as history (current versions compared); and loaded from a snapshot
+    (reinit) into an empty database."""
     src_dsn = pg_server.create_database()
     dst_dsn = pg_server.create_database()
     columns = WAL2JSON_COLUMNS if plugin == "wal2json" else COLUMNS
@@ -118,17 +124,18 @@ def test_every_type_round_trips_through_the_daemons(
         tables=list(KEYS),
         source_url=src_dsn,
         target_url=dst_dsn,
-        publisher_extra={"slot": f"txrepl_types_{target_tables}_{plugin}", "plugin": plugin},
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1], "plugin": plugin},
         subscriber_extra=subscriber_extra,
     )
     try:
         pair.start_publisher()
         run_pg(src, work.transactions(300))  # a backlog before the subscriber exists
         pair.start_subscriber()
-        _settle(pair, src_dsn, dst_dsn)
+        history = subscriber_extra is HISTORY
+        _settle(pair, src_dsn, dst_dsn, history)
         for _ in range(60):  # live: small batches
             run_pg(src, work.transactions(1))
-        _settle(pair, src_dsn, dst_dsn)
+        _settle(pair, src_dsn, dst_dsn, history)
         if target_tables == "txrepl" and plugin == "pgoutput":  # and by a reinit's snapshot
             fresh = pg_server.create_database()
             pair.load_snapshot(fresh)
