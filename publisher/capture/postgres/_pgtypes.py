@@ -22,6 +22,13 @@ timestamptz                            TIMESTAMPTZ         aware datetime, UTC (
 json, jsonb                            JSON                the document's text
 =====================================  ==================  ===========================
 
+Every column also carries ``pg_type`` (computed by
+:func:`publisher.capture.postgres._pgcatalog.pg_target_type`): the type a PostgreSQL
+target stores it in, the source's own built-in type (``uuid``, ``interval``, ``real``,
+``json``, ``integer[]``, ...) or ``text`` for types only the source database defines; so
+a value carried as its text output is parsed back by the same type's input function on
+the target, and round-trips exactly.  docs/postgres.md has the table of every type.
+
 PostgreSQL stores a timestamptz as a UTC instant without the writer's zone, so the
 offset carried is always 0.  Values Python cannot hold (``infinity`` dates and
 timestamps, BC dates, ``24:00:00``) are carried as their text rather than lost.
