@@ -45,7 +45,7 @@ from publisher.capture.postgres._state import (
     redact,
     slot_ok,
 )
-from publisher.errors import SourceError
+from publisher.errors import SourceError, TableRefused
 from publisher.publication import Publication
 
 __all__ = ["CaptureCore", "Plugin"]
@@ -311,9 +311,10 @@ class CaptureCore:
         if kind not in ("r", "p"):
             raise SourceError(f"{name.display!r} is not a table (relkind {kind!r})")
         if not has_pk:
-            raise SourceError(
+            raise TableRefused(
                 f"table {name.display!r} has no PRIMARY KEY; txrepl needs one to replicate "
-                "a table (add a primary key, or leave the table out of the publication)"
+                "a table (add a primary key, or leave the table out of the publication)",
+                table=name.display,
             )
         self._check_types(conn, name)
         return str(ident), bool(member)
@@ -369,9 +370,10 @@ class CaptureCore:
                         "'pgoutput')",
                     )
             except UnsupportedType as e:
-                raise SourceError(
+                raise TableRefused(
                     f"table {name.display!r}, column {column!r}: {e}; leave the table out of "
-                    "the publication or change the column's type"
+                    "the publication or change the column's type",
+                    table=name.display,
                 ) from e
 
     def _drop_unused_locked(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:

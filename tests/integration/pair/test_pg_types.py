@@ -30,12 +30,15 @@ WAL2JSON_COLUMNS = [c for c in COLUMNS if c[1].split("(")[0] not in LOSSY_TYPES]
 KEYS = {"typed": ["id"], "keyed": ["k_uuid", "k_inet"]}
 
 
-def _differences(src_dsn: str, dst_dsn: str, history: bool = False) -> list[str]:
-    """Rows that differ between source and target, as text (empty when equal);
-    ``history``: the target's current versions."""
+def _differences(
+    src_dsn: str, dst_dsn: str, history: bool = False, tables: tuple[str, ...] = tuple(KEYS)
+) -> list[str]:
+    """Rows of ``tables`` that differ between source and target, as text (empty when
+    equal); ``history``: the target's current versions."""
     out: list[str] = []
     with psycopg.connect(src_dsn) as src, psycopg.connect(dst_dsn) as dst:
-        for table, key in KEYS.items():
+        for table in tables:
+            key = KEYS[table]
             columns = [
                 str(r[0])
                 for r in src.execute(
@@ -172,3 +175,41 @@ def test_a_type_that_cannot_be_carried_is_refused_at_install(pg_db: str) -> None
             cap.install("p", "inc", ["keyed", "typed"])
     finally:
         cap.close()
+
+
+def test_the_publisher_serves_the_other_tables_when_one_is_refused(
+    tmp_path: Path, pg_server
+) -> None:
+    """A published table with a column type that cannot be carried, and one without a
+    primary key, are left out with an error line naming table, column and type; the
+    publisher runs, and the publication's other table replicates."""
+    src_dsn = pg_server.create_database()
+    dst_dsn = pg_server.create_database()
+    src = psycopg.connect(src_dsn, autocommit=True)
+    src.execute(SCHEMA)
+    src.execute("CREATE TABLE grants (id int PRIMARY KEY, acl aclitem)")
+    src.execute("CREATE TABLE nokey (a int)")
+    work = TypedWorkload(seed=7)
+    pair = Pair(
+        tmp_path,
+        tables=["grants", "keyed", "nokey"],
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        run_pg(src, work.transactions(80))
+        wait_until(lambda: not _differences(src_dsn, dst_dsn, tables=("keyed",)), 120, "keyed", 0.5)
+        log = (tmp_path / "publisher.log").read_text()
+        assert "'grants', column 'acl': type aclitem cannot be replicated exactly" in log
+        assert "'nokey' has no PRIMARY KEY" in log
+        with psycopg.connect(dst_dsn) as dst:
+            assert dst.execute("SELECT to_regclass('grants'), to_regclass('nokey')").fetchone() == (
+                None,
+                None,
+            )
+    finally:
+        pair.stop()
+        src.close()
