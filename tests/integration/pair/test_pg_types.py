@@ -110,8 +110,8 @@ def test_every_type_round_trips_through_the_daemons(
     install, a backlog applied in one big batch, then live small batches; into tables
     txrepl creates, or that the operator created with the source's DDL (enums, domains,
     composites and all); decoded by pgoutput or wal2json; staged by COPY or by Spark
-    over JDBC; kept as history (current versions compared); and loaded from a snapshot
-    (reinit) into an empty database."""
+    over JDBC; kept as history (current versions compared); a uuid[] column added
+    mid-stream; and loaded from a snapshot (reinit) into an empty database."""
     src_dsn = pg_server.create_database()
     dst_dsn = pg_server.create_database()
     columns = WAL2JSON_COLUMNS if plugin == "wal2json" else COLUMNS
@@ -136,6 +136,9 @@ def test_every_type_round_trips_through_the_daemons(
         pair.start_subscriber()
         history = subscriber_extra is HISTORY
         _settle(pair, src_dsn, dst_dsn, history)
+        # a column added mid-stream, of a type the wire carries as text, filled at once
+        src.execute("ALTER TABLE keyed ADD COLUMN extra uuid[]")
+        src.execute("UPDATE keyed SET extra = ARRAY[md5(k_uuid::text)::uuid, NULL]")
         for _ in range(60):  # live: small batches
             run_pg(src, work.transactions(1))
         _settle(pair, src_dsn, dst_dsn, history)
