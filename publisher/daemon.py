@@ -47,7 +47,7 @@ from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.config import PublisherConfig
-from publisher.errors import FeedRefused
+from publisher.errors import FeedRefused, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
@@ -223,7 +223,27 @@ class Publisher:
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
         for pub in self.publications.values():
-            self.source.install(pub.name, pub.log.incarnation, pub.config.tables)
+            self._install(pub)
+
+    def _install(self, pub: Publication) -> None:
+        """Install ``pub``'s tables; a table the source refuses (TableRefused: no primary
+        key, a type that cannot be carried) is left out, loudly, and the others served."""
+        assert self.source is not None
+        tables = list(pub.config.tables)
+        while True:
+            try:
+                self.source.install(pub.name, pub.log.incarnation, tables)
+                return
+            except TableRefused as e:
+                if e.table not in tables:
+                    raise
+                log.error(
+                    "table refused; serving the others",
+                    publication=pub.name,
+                    table=e.table,
+                    error=str(e),
+                )
+                tables.remove(e.table)
 
     async def serve(self, *, ready: asyncio.Event | None = None) -> None:
         assert self.registry is not None

@@ -6,6 +6,9 @@
     └── PublisherError                base; carries a message an operator can act on
         ├── SourceError               the source database refuses or lacks something
         │   │                         (missing table, no primary key, wal_level)
+        │   ├── TableRefused          one table cannot be replicated (no primary key, a
+        │   │                         column type that cannot be carried): carries the
+        │   │                         table; the publisher serves the others
         │   └── ProtocolError         a logical decoding message cannot be parsed
         │                             (publisher.capture.postgres)
         ├── FeedRefused               a sync request is refused; carries the gRPC code
@@ -31,7 +34,7 @@ from common.errors import TxreplError
 from common.feedstatus import RefusalKind
 from common.rpc import txrepl_pb2 as pb
 
-__all__ = ["FeedRefused", "ProtocolError", "PublisherError", "SourceError"]
+__all__ = ["FeedRefused", "ProtocolError", "PublisherError", "SourceError", "TableRefused"]
 
 
 class PublisherError(TxreplError):
@@ -40,6 +43,14 @@ class PublisherError(TxreplError):
 
 class SourceError(PublisherError):
     """The source database cannot be captured as configured."""
+
+
+class TableRefused(SourceError):
+    """One published table cannot be replicated as it is; ``table`` names it."""
+
+    def __init__(self, message: str, *, table: str) -> None:
+        super().__init__(message)
+        self.table = table
 
 
 class ProtocolError(SourceError):

@@ -317,6 +317,7 @@ class Column(_message.Message):
     SCALE_FIELD_NUMBER: _builtins.int
     NULLABLE_FIELD_NUMBER: _builtins.int
     SOURCE_TYPE_FIELD_NUMBER: _builtins.int
+    PG_TYPE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     type: Global___ColumnType.ValueType
     precision: _builtins.int
@@ -326,6 +327,12 @@ class Column(_message.Message):
     nullable: _builtins.bool
     source_type: _builtins.str
     """the declared type on the source, for information"""
+    pg_type: _builtins.str
+    """PostgreSQL sources: the type a PostgreSQL target gives the column and casts
+    staged values to (the source's own built-in type, as format_type spells it, or
+    "text" for a type only the source database defines: enums, composites, ...).
+    Empty: the target maps the logical type.
+    """
     def __init__(
         self,
         *,
@@ -335,10 +342,11 @@ class Column(_message.Message):
         scale: _builtins.int = ...,
         nullable: _builtins.bool = ...,
         source_type: _builtins.str = ...,
+        pg_type: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "nullable", b"nullable", "precision", b"precision", "scale", b"scale", "source_type", b"source_type", "type", b"type"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "nullable", b"nullable", "pg_type", b"pg_type", "precision", b"precision", "scale", b"scale", "source_type", b"source_type", "type", b"type"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

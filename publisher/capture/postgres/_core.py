@@ -23,9 +23,18 @@ import structlog
 from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.postgres._pgcatalog import Catalog, TableName, TableShape, qident, table_name
+from publisher.capture.postgres._pgcatalog import (
+    Catalog,
+    TableName,
+    TableShape,
+    UnsupportedType,
+    pg_target_type,
+    qident,
+    table_name,
+)
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
+from publisher.capture.postgres._pgwal2json import LOSSY_TYPES
 from publisher.capture.postgres._state import (
     Mark,
     PendingSnapshot,
@@ -36,7 +45,7 @@ from publisher.capture.postgres._state import (
     redact,
     slot_ok,
 )
-from publisher.errors import SourceError
+from publisher.errors import SourceError, TableRefused
 from publisher.publication import Publication
 
 __all__ = ["CaptureCore", "Plugin"]
@@ -249,6 +258,9 @@ class CaptureCore:
         conn = self._admin()
         added: list[str] = []
         with self._lock:
+            # Every table is checked before anything changes: a refused one (missing, no
+            # primary key, a type that cannot be carried) leaves the capture as it was.
+            vetted = [(name, *self._vet_table(conn, name)) for name in names]
             existing = {
                 str(r[0]): str(r[1])
                 for r in conn.execute(
@@ -263,8 +275,8 @@ class CaptureCore:
                     " AND tbl = %s",
                     (self.slot, publication, gone),
                 )
-            for name in names:
-                self._prepare_table(conn, name)
+            for name, ident, member in vetted:
+                self._prepare_table(conn, name, ident, member)
                 if existing.get(name.display) == incarnation:
                     continue
                 conn.execute(
@@ -281,8 +293,10 @@ class CaptureCore:
         self._dirty.set()
         return added
 
-    def _prepare_table(self, conn: psycopg.Connection[tuple[Any, ...]], name: TableName) -> None:
-        """Replica identity FULL and publication membership, with writers waited out."""
+    def _vet_table(
+        self, conn: psycopg.Connection[tuple[Any, ...]], name: TableName
+    ) -> tuple[str, bool]:
+        """Refuse, by name, a table capture cannot replicate; (replica identity, member)."""
         row = conn.execute(
             "SELECT c.relreplident, c.relkind, EXISTS (SELECT 1 FROM pg_index i"
             "  WHERE i.indrelid = c.oid AND i.indisprimary),"
@@ -297,10 +311,18 @@ class CaptureCore:
         if kind not in ("r", "p"):
             raise SourceError(f"{name.display!r} is not a table (relkind {kind!r})")
         if not has_pk:
-            raise SourceError(
+            raise TableRefused(
                 f"table {name.display!r} has no PRIMARY KEY; txrepl needs one to replicate "
-                "a table (add a primary key, or leave the table out of the publication)"
+                "a table (add a primary key, or leave the table out of the publication)",
+                table=name.display,
             )
+        self._check_types(conn, name)
+        return str(ident), bool(member)
+
+    def _prepare_table(
+        self, conn: psycopg.Connection[tuple[Any, ...]], name: TableName, ident: str, member: bool
+    ) -> None:
+        """Replica identity FULL and publication membership, with writers waited out."""
         need_member = self.plugin == "pgoutput" and not member
         if ident == "f" and not need_member:
             return
@@ -330,6 +352,29 @@ class CaptureCore:
                 f"cannot set up capture of {name.display!r}: {str(e).strip()} (the capture "
                 "user must own the table, or be a superuser)"
             ) from e
+
+    def _check_types(self, conn: psycopg.Connection[tuple[Any, ...]], name: TableName) -> None:
+        """Refuse a table with a column whose type cannot be carried exactly, by name."""
+        columns = conn.execute(
+            "SELECT attname, atttypid, atttypmod FROM pg_attribute WHERE attrelid ="
+            " to_regclass(%s) AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (name.sql,),
+        ).fetchall()
+        for column, oid, typmod in columns:
+            try:
+                spelled, _ = pg_target_type(conn, int(oid), int(typmod))
+                if self.plugin == "wal2json" and spelled.split("(")[0] in LOSSY_TYPES:
+                    raise UnsupportedType(
+                        spelled,
+                        "wal2json writes its NaN and Infinity values as null (use plugin = "
+                        "'pgoutput')",
+                    )
+            except UnsupportedType as e:
+                raise TableRefused(
+                    f"table {name.display!r}, column {column!r}: {e}; leave the table out of "
+                    "the publication or change the column's type",
+                    table=name.display,
+                ) from e
 
     def _drop_unused_locked(self, conn: psycopg.Connection[tuple[Any, ...]]) -> None:
         if self.plugin != "pgoutput":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, Final
 
 import psycopg
 
@@ -20,9 +21,75 @@ from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import TypeInfo, builtin_type, numeric_typmod
 from publisher.errors import SourceError
 
-__all__ = ["Catalog", "TableName", "TableShape", "qident", "table_name"]
+__all__ = [
+    "REFUSED",
+    "Catalog",
+    "TableName",
+    "TableShape",
+    "UnsupportedType",
+    "pg_target_type",
+    "qident",
+    "table_name",
+]
 
 T = pb.ColumnType
+
+# Built-in types whose values only mean something inside the source database (or have
+# no input function): a target could not store them, or would store something else.
+REFUSED: Final = frozenset(
+    {
+        "aclitem",
+        "pg_node_tree",
+        "pg_ndistinct",
+        "pg_dependencies",
+        "pg_mcv_list",
+        "pg_brin_bloom_summary",
+        "pg_brin_minmax_multi_summary",
+        "unknown",
+    }
+)
+
+_TYPE_ROW: Final = (
+    "SELECT t.typtype, t.typbasetype, t.typtypmod, t.typelem, n.nspname, t.typname,"
+    " format_type(t.oid, %s), e.typarray = t.oid"
+    " FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace"
+    " LEFT JOIN pg_type e ON e.oid = t.typelem WHERE t.oid = %s"
+)
+
+
+class UnsupportedType(SourceError):
+    """A column type txrepl cannot carry exactly (see the module docstring)."""
+
+    def __init__(self, type_name: str, why: str) -> None:
+        super().__init__(f"type {type_name} cannot be replicated exactly: {why}")
+        self.type_name = type_name
+        self.why = why
+
+
+def pg_target_type(conn: psycopg.Connection[Any], oid: int, typmod: int) -> tuple[str, bool]:
+    """(the type a PostgreSQL target gives a column of type ``oid``/``typmod``, whether
+    it is the source's own built-in type); raises :class:`UnsupportedType`."""
+    for _ in range(32):  # domains over domains
+        row = conn.execute(_TYPE_ROW, (typmod, oid)).fetchone()
+        if row is None:
+            raise UnsupportedType(f"oid {oid}", "the type is gone from the source")
+        typtype, base, basemod, elem, nsp, name, spelled, is_array = row
+        if typtype == "d":
+            oid, typmod = int(base), typmod if typmod >= 0 else int(basemod)
+            continue
+        if typtype == "p":
+            raise UnsupportedType(str(spelled), "a pseudo-type has no stored values")
+        if is_array:
+            inner, builtin = pg_target_type(conn, int(elem), typmod)
+            return (inner + "[]", True) if builtin else ("text", False)
+        if nsp != "pg_catalog":
+            return "text", False
+        if name in REFUSED:
+            raise UnsupportedType(str(spelled), "its values describe the source database itself")
+        if str(name).startswith("reg"):
+            return "text", False
+        return str(spelled), True
+    raise UnsupportedType(f"oid {oid}", "domains nested too deep")
 
 
 def qident(name: str) -> str:
@@ -95,7 +162,9 @@ class Catalog:
         if ctype is None:
             ctype = T.COLUMN_TYPE_TEXT  # enums, uuid-like and other types travel as text
         prec, scale = numeric_typmod(typmod) if ctype == T.COLUMN_TYPE_DECIMAL else (0, 0)
-        info = TypeInfo(ctype, prec, scale, source_type)
+        with self._lock:
+            target, _ = pg_target_type(self._conn, oid, typmod)
+        info = TypeInfo(ctype, prec, scale, source_type, target)
         self._types[(oid, typmod)] = info
         return info
 

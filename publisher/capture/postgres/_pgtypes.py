@@ -22,6 +22,13 @@ timestamptz                            TIMESTAMPTZ         aware datetime, UTC (
 json, jsonb                            JSON                the document's text
 =====================================  ==================  ===========================
 
+Every column also carries ``pg_type`` (computed by
+:func:`publisher.capture.postgres._pgcatalog.pg_target_type`): the type a PostgreSQL
+target stores it in, the source's own built-in type (``uuid``, ``interval``, ``real``,
+``json``, ``integer[]``, ...) or ``text`` for types only the source database defines; so
+a value carried as its text output is parsed back by the same type's input function on
+the target, and round-trips exactly.  docs/postgres.md has the table of every type.
+
 PostgreSQL stores a timestamptz as a UTC instant without the writer's zone, so the
 offset carried is always 0.  Values Python cannot hold (``infinity`` dates and
 timestamps, BC dates, ``24:00:00``) are carried as their text rather than lost.
@@ -94,13 +101,16 @@ def numeric_typmod(typmod: int) -> tuple[int, int]:
 class TypeInfo:
     """The logical type of one column: its ColumnType, precision, scale and encoder."""
 
-    __slots__ = ("ctype", "encode", "precision", "scale", "source_type")
+    __slots__ = ("ctype", "encode", "pg_type", "precision", "scale", "source_type")
 
-    def __init__(self, ctype: int, precision: int, scale: int, source_type: str) -> None:
+    def __init__(
+        self, ctype: int, precision: int, scale: int, source_type: str, pg_type: str = ""
+    ) -> None:
         self.ctype = ctype
         self.precision = precision
         self.scale = scale
         self.source_type = source_type
+        self.pg_type = pg_type
         self.encode: Callable[[str], pb.Value] = _encoder(int(ctype), scale)
 
     def column(self, name: str, nullable: bool) -> pb.Column:
@@ -111,6 +121,7 @@ class TypeInfo:
             scale=self.scale,
             nullable=nullable,
             source_type=self.source_type,
+            pg_type=self.pg_type,
         )
 
 

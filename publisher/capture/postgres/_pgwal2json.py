@@ -16,7 +16,10 @@ type OIDs, declared types) and emits a :class:`Relation` with a stable per-table
 whenever it changes, so schema changes are detected the same way as with pgoutput.
 Numbers are kept as the literal text wal2json wrote (numeric keeps its scale), booleans
 become ``t``/``f`` and bytea gets its ``\\x`` prefix back: values then parse exactly as
-pgoutput's text output.
+pgoutput's text output.  wal2json (2.5, without ``numeric-data-types-as-string``) writes a
+numeric, real or double precision NaN or +-Infinity as JSON ``null``, which cannot be told
+from NULL: capture refuses such columns under wal2json when the table is added
+(:data:`LOSSY_TYPES`).
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ from publisher.capture.postgres._pgoutput import (
     Update,
 )
 
-__all__ = ["WAL2JSON_OPTIONS", "Wal2JsonDecoder"]
+__all__ = ["LOSSY_TYPES", "WAL2JSON_OPTIONS", "Wal2JsonDecoder"]
+
+# Types (as a target spells them, typmod left out) whose NaN and +-Infinity wal2json
+# writes as null.  Arrays are not affected: they travel as their text output.
+LOSSY_TYPES: Final = frozenset({"numeric", "real", "double precision"})
 
 WAL2JSON_OPTIONS: Final = {
     "format-version": "2",

@@ -17,15 +17,17 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import io
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
+from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.writer import column_of
 
-__all__ = ["csv_bytes", "pg_column", "pg_type"]
+__all__ = ["csv_bytes", "pg_column", "pg_type", "table_types"]
 
 T = pb.ColumnType
 
@@ -46,12 +48,33 @@ _WRITE = pcsv.WriteOptions(include_header=False)
 
 
 def pg_type(column: pb.Column) -> str:
-    """The PostgreSQL type of a logical column (unspecified: text)."""
+    """The PostgreSQL type of a column: the source's own when it says (``pg_type``, from a
+    PostgreSQL source), else that of its logical type (unspecified: text).
+
+    Tables, COPY stages and JDBC stages all take it, so staged text (uuid, inet,
+    interval, arrays, ...) is parsed by the column's real input function and the merge
+    compares and assigns values of one type.
+    """
+    if column.pg_type:
+        return column.pg_type
     if column.type == T.COLUMN_TYPE_DECIMAL:
         if column.precision:
             return f"numeric({column.precision},{column.scale})"
         return "numeric"
     return _PG_TYPES.get(column.type, "text")
+
+
+def table_types(cur: Any, table: str) -> dict[str, str]:
+    """The type of each column of target ``table`` (none if it does not exist), which
+    its staging columns take: a table the operator created keeps its own types (an
+    enum, a domain, uuid where the source sends text), and staged values are parsed by
+    them, so the merge assigns values of the column's type."""
+    rows = cur.execute(
+        "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+        " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
+        (sql.Identifier(table).as_string(cur),),
+    ).fetchall()
+    return {str(name): str(spelled) for name, spelled in rows}
 
 
 def _text_form(v: object) -> str:

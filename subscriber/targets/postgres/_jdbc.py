@@ -42,7 +42,7 @@ from psycopg.conninfo import conninfo_to_dict
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import TransientError, WriterError
 from subscriber.apply.session import arrow_frame
-from subscriber.targets.postgres._copy import pg_column, pg_type
+from subscriber.targets.postgres._copy import pg_column
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -162,11 +162,12 @@ class JdbcStager:
         table: pa.Table,
         schema: pb.TableSchema,
         indexes: list[int],
+        types: list[str],
     ) -> None:
-        """(Re)create staging table ``name`` and fill it from ``table`` through Spark."""
+        """(Re)create staging table ``name`` and fill it from ``table`` through Spark;
+        ``types``: the staging type of each column of ``schema`` (the writer's)."""
         cols = sql.SQL(", ").join(
-            sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(pg_type(schema.columns[i])))
-            for i in indexes
+            sql.SQL("{} {}").format(sql.Identifier(f"c{i}"), sql.SQL(types[i])) for i in indexes
         )
         with conn.transaction():
             if self.role:

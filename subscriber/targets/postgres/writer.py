@@ -36,7 +36,9 @@ transaction merges from those tables the same way, then empties them.
 
 Type mapping (logical -> PostgreSQL): INTEGER bigint, DECIMAL numeric(p,s) (or
 numeric), FLOAT double precision, TEXT text, BYTES bytea, BOOLEAN boolean, DATE date,
-TIME time, TIMESTAMP timestamp, TIMESTAMPTZ timestamptz, JSON jsonb, unspecified text.
+TIME time, TIMESTAMP timestamp, TIMESTAMPTZ timestamptz, JSON jsonb, unspecified text;
+a column from a PostgreSQL source takes the source's own type instead (``Column.pg_type``,
+:func:`subscriber.targets.postgres._copy.pg_type`), for the table and its stages alike.
 Table names are single identifiers in the connection's ``search_path``.
 
 Driver errors are translated here: connection loss, lock timeouts, serialization
@@ -71,7 +73,7 @@ from subscriber.apply.writer import (
     TruncateStep,
 )
 from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.postgres._copy import csv_bytes, pg_type
+from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -152,6 +154,7 @@ class PostgresWriter:
         self._stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._filled: set[str] = set()
+        self._types: dict[str, dict[str, str]] = {}  # target column types, by table
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         with self._lock:
@@ -164,6 +167,7 @@ class PostgresWriter:
             if self._conn is not None:
                 self._conn.close()
             self._stages.clear()  # temporary tables die with their session
+            self._types.clear()
             self._conn = psycopg.connect(
                 self.dsn,
                 autocommit=True,
@@ -196,6 +200,7 @@ class PostgresWriter:
             self._stages.update(self._new_stages)  # committed: they exist from now on
             return result
         except psycopg.Error as exc:
+            self._types.clear()  # what the rolled-back transaction saw may be gone
             raise self._refused(exc, conn, "the batch", subscription, seq) from exc
 
     def _refused(
@@ -273,13 +278,15 @@ class PostgresWriter:
                 schema = step.schema
                 names = [c.name for c in schema.columns]
                 dname = uname = None
+                types = self._stage_types(conn, schema)
                 if step.deletes.num_rows:
                     dname = jdbc.name(n, "d")
                     keys = [names.index(k) for k in schema.primary_key]
-                    jdbc.stage(conn, dname, step.deletes, schema, keys)
+                    jdbc.stage(conn, dname, step.deletes, schema, keys, types)
                 if step.upserts.num_rows:
                     uname = jdbc.name(n, "u")
-                    jdbc.stage(conn, uname, step.upserts, schema, list(range(len(names))))
+                    every = list(range(len(names)))
+                    jdbc.stage(conn, uname, step.upserts, schema, every, types)
                 out[n] = (dname, uname)
         except psycopg.Error as exc:
             what = "a JDBC staging table"
@@ -338,6 +345,7 @@ class PostgresWriter:
             cur.execute(sql.SQL("TRUNCATE {}").format(Q(step.table)))
             return 0
         if isinstance(step, SqlStep):
+            self._types.clear()  # it may have changed any table
             cur.execute(step.sql.encode())
             return 0
         if isinstance(step, CallStep) and step.name in self._procedures:
@@ -394,13 +402,22 @@ class PostgresWriter:
                             Q(target.table), Q(c.name), sql.SQL(pg_type(c))
                         )
                     )
+        self._types.pop(target.table, None)
         METADATA_SQL.record_schema(cur, subscription, step.schema)
+
+    def _stage_types(self, cur: Any, schema: pb.TableSchema) -> list[str]:
+        """Per column of ``schema``: the target table's type of it, else :func:`pg_type`."""
+        have = self._types.get(schema.table)
+        if have is None:
+            have = self._types[schema.table] = table_types(cur, schema.table)
+        return [have.get(c.name) or pg_type(c) for c in schema.columns]
 
     def _stage(
         self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int]
     ) -> tuple[str, sql.Composed]:
         """An empty staging table for columns ``indexes`` of ``schema``, and its COPY."""
-        shape = tuple((i, pg_type(schema.columns[i])) for i in indexes)
+        types = self._stage_types(cur, schema)
+        shape = tuple((i, types[i]) for i in indexes)
         name = self._stages.get(shape) or self._new_stages.get(shape)
         if name is None:
             name = f"_txrepl_stage{len(self._stages) + len(self._new_stages)}"

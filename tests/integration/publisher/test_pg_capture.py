@@ -58,7 +58,9 @@ EXPECTED_ROW1 = [
 ]
 
 
-@pytest.mark.parametrize("plugin", ["pgoutput", "wal2json"])
+# wal2json refuses the numeric and double precision columns of ALL_TYPES (it writes NaN
+# as null); tests/integration/pair/test_pg_types.py runs every other type through it.
+@pytest.mark.parametrize("plugin", ["pgoutput"])
 def test_dml_of_every_type_is_captured_exactly(pg_db: str, tmp_path: Path, plugin: Plugin) -> None:
     """Inserts, updates, key changes, deletes and truncate arrive with exact values."""
     execute(pg_db, ALL_TYPES)
