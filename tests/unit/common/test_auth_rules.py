@@ -4,6 +4,7 @@ against the proto descriptors, and the interceptor refuses a method without one.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import grpc
 import pytest
@@ -100,7 +101,7 @@ async def test_a_method_without_a_rule_is_refused_even_with_a_valid_token() -> N
     await server.start()
     try:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            call = ch.unary_unary("/txrepl.v1.Replication/Unruled")
+            call: Any = ch.unary_unary("/txrepl.v1.Replication/Unruled")
             with pytest.raises(grpc.aio.AioRpcError) as e:
                 await call(b"x", metadata=(("x-txrepl-token", "admin-token"),), timeout=5)
             assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
