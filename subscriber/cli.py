@@ -12,12 +12,19 @@ import datetime as dt
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from common.errors import describe_rpc_error
-from common.security import add_client_args, client_channel, client_from_args
+from common.security import (
+    TOKEN_METADATA,
+    add_client_args,
+    client_channel,
+    client_from_args,
+    read_token_file,
+)
 from subscriber import errors_cli
 
 __all__ = ["register"]
@@ -118,7 +125,15 @@ def register_reinit(psub: Any) -> None:
     r.add_argument(
         "--admin-token",
         default=os.environ.get("TXREPL_ADMIN_TOKEN", ""),
-        help="admin credential for mark-valid (default: $TXREPL_ADMIN_TOKEN)",
+        help="the publisher's admin token, for mark-valid (default: $TXREPL_ADMIN_TOKEN)",
+    )
+    r.add_argument(
+        "--admin-token-file", default="", help="file holding the publisher's admin token"
+    )
+    r.add_argument(
+        "--control-token-file",
+        default="",
+        help="file holding the running subscriber's control (admin) token, to pause it",
     )
     r.set_defaults(func=_reinit)
 
@@ -129,7 +144,12 @@ def _reinit(args: argparse.Namespace) -> int:
     from subscriber.apply import create_spark_session
     from subscriber.config import load_config
     from subscriber.reinit import SnapshotError, SnapshotProgress
-    from subscriber.targets import snapshot_loader, snapshot_needs_spark, spark_settings
+    from subscriber.targets import (
+        publisher_channel,
+        snapshot_loader,
+        snapshot_needs_spark,
+        spark_settings,
+    )
 
     cfg = load_config(args.config)
     sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
@@ -144,11 +164,27 @@ def _reinit(args: argparse.Namespace) -> int:
     addr_file = cfg.data_path / "subscriber.addr"
     control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
     control = rpc.SubscriberControlStub(grpc.insecure_channel(control_addr))
+    control_md = None
+    if args.control_token_file:
+        token = read_token_file(Path(args.control_token_file), "--control-token-file")
+        control_md = ((TOKEN_METADATA, token),)
+    admin_token = args.admin_token
+    if args.admin_token_file:
+        admin_token = read_token_file(Path(args.admin_token_file), "--admin-token-file")
     daemon_running = True
     try:
-        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
         print(f"paused {sc.id} on the running subscriber ({control_addr})")
-    except grpc.RpcError:
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.UNAVAILABLE:
+            # A daemon answered but did not pause: loading under it would race its apply.
+            print(
+                f"txrepl: cannot pause {sc.id} on the running subscriber ({control_addr}): "
+                f"{describe_rpc_error(e)}; nothing was changed"
+                + ("" if control_md else " (give its control token: --control-token-file)"),
+                file=sys.stderr,
+            )
+            return 1
         daemon_running = False
     # A PostgreSQL target is loaded by COPY from this process: no Spark session needed,
     # unless a table is shaped by transforms (subscriber/reinit/shape.py).
@@ -177,8 +213,8 @@ def _reinit(args: argparse.Namespace) -> int:
             spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")
     if not args.no_mark_valid:
-        admin = rpc.AdminStub(grpc.insecure_channel(sc.address))
-        md = (("x-txrepl-token", args.admin_token),) if args.admin_token else None
+        admin = rpc.AdminStub(publisher_channel(cfg, sc))  # the subscription's TLS
+        md = ((TOKEN_METADATA, admin_token),) if admin_token else None
         try:
             admin.MarkValid(
                 pb.MarkValidRequest(
@@ -192,6 +228,6 @@ def _reinit(args: argparse.Namespace) -> int:
             return 1
         print(f"marked {cfg.server_name} valid on {sc.publisher} at level {seq}")
     if daemon_running:
-        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
         print(f"resumed {sc.id}")
     return 0

@@ -501,3 +501,25 @@ def test_snapshot_is_served_to_its_granted_subscriber_and_to_an_admin(guarded: P
     assert _code(lambda: _snapshot_start(guarded, SUB2, "sub1", "shop")) == (
         grpc.StatusCode.PERMISSION_DENIED
     )
+
+
+def test_admin_options_after_the_action_as_the_issue_writes_them(
+    guarded: Pair, tmp_path: Path
+) -> None:
+    """`txrepl admin subscribers --publisher H:P` works as `txrepl admin --publisher H:P
+    subscribers` does (it used to end in "unrecognized arguments"), run as the
+    installed `txrepl` command; the address given after the action is the one used."""
+    assert guarded.pub is not None
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(ADMIN)
+    txrepl = str(Path(sys.executable).parent / "txrepl")
+    env = {k: v for k, v in os.environ.items() if k != "TXREPL_TOKEN"}
+    address = guarded.pub.address
+    for argv in (
+        [txrepl, "admin", "subscribers", "--publisher", address, "--token-file", str(token_file)],
+        [txrepl, "admin", "--publisher", address, "subscribers", "--token-file", str(token_file)],
+        [txrepl, "admin", "publications", "--publisher", address, "--token-file", str(token_file)],
+    ):
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, (argv, out.stderr)
+        assert out.stdout.split()[0] in ("PUBLICATION", "publisher")
