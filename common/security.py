@@ -273,8 +273,11 @@ def _scoped(
             await refuse(request, context)
             out = inner_stream(request, context)
             if hasattr(out, "__aiter__"):
-                async for item in out:
-                    yield item
+                try:
+                    async for item in out:
+                        yield item
+                finally:  # a cancelled call: the servicer's clean-up runs now, not at GC
+                    await out.aclose()
             else:  # a servicer writing with context.write()
                 await out
 
