@@ -146,6 +146,7 @@ def _reinit(args: argparse.Namespace) -> int:
     from subscriber.reinit import SnapshotError, SnapshotProgress
     from subscriber.targets import (
         publisher_channel,
+        resolve_token,
         snapshot_loader,
         snapshot_needs_spark,
         spark_settings,
@@ -171,6 +172,7 @@ def _reinit(args: argparse.Namespace) -> int:
     admin_token = args.admin_token
     if args.admin_token_file:
         admin_token = read_token_file(Path(args.admin_token_file), "--admin-token-file")
+    resolve_token(sc, cfg)  # an unreadable token_file stops here, before the daemon pauses
     daemon_running = True
     try:
         control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
