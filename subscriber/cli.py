@@ -11,6 +11,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import grpc
 from common.errors import describe_rpc_error
 from common.security import (
     TOKEN_METADATA,
+    ClientTls,
     add_client_args,
     client_channel,
     client_from_args,
@@ -135,7 +137,24 @@ def register_reinit(psub: Any) -> None:
         default="",
         help="file holding the running subscriber's control (admin) token, to pause it",
     )
+    r.add_argument(
+        "--control-ca",
+        default="",
+        help="CA of the subscriber's control port when its [tls] is on (default: system roots)",
+    )
+    r.add_argument("--control-cert", default="", help="client certificate for its control port")
+    r.add_argument("--control-key", default="", help="client key for its control port")
     r.set_defaults(func=_reinit)
+
+
+def _listening(address: str) -> bool:
+    """Whether something accepts TCP connections at ``address`` (host:port)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _reinit(args: argparse.Namespace) -> int:
@@ -164,7 +183,14 @@ def _reinit(args: argparse.Namespace) -> int:
     # The running daemon writes the address it bound (port 0 works) into its data dir.
     addr_file = cfg.data_path / "subscriber.addr"
     control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
-    control = rpc.SubscriberControlStub(grpc.insecure_channel(control_addr))
+    control_tls = None
+    if cfg.tls.enabled:  # the control port speaks TLS (mutual with client_ca_file)
+        control_tls = ClientTls(args.control_ca, args.control_cert, args.control_key)
+    try:
+        control = rpc.SubscriberControlStub(client_channel(control_addr, control_tls))
+    except ValueError as e:
+        print(f"txrepl: --control-ca/--control-cert/--control-key: {e}", file=sys.stderr)
+        return 2
     control_md = None
     if args.control_token_file:
         token = read_token_file(Path(args.control_token_file), "--control-token-file")
@@ -178,12 +204,15 @@ def _reinit(args: argparse.Namespace) -> int:
         control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
         print(f"paused {sc.id} on the running subscriber ({control_addr})")
     except grpc.RpcError as e:
-        if e.code() != grpc.StatusCode.UNAVAILABLE:
-            # A daemon answered but did not pause: loading under it would race its apply.
+        # A daemon that answers (or only listens: TLS refused) but did not pause:
+        # loading under it would race its apply.
+        if e.code() != grpc.StatusCode.UNAVAILABLE or _listening(control_addr):
+            hint = "" if control_md else " (its control token: --control-token-file)"
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                hint = " (a TLS control port: --control-ca, --control-cert/--control-key)"
             print(
                 f"txrepl: cannot pause {sc.id} on the running subscriber ({control_addr}): "
-                f"{describe_rpc_error(e)}; nothing was changed"
-                + ("" if control_md else " (give its control token: --control-token-file)"),
+                f"{describe_rpc_error(e)}; nothing was changed{hint}",
                 file=sys.stderr,
             )
             return 1

@@ -10,12 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from common.security import hash_token
+from common.security import ClientTls, client_channel, hash_token
 from tests.support.certs import make_certs
 from tests.support.feedclient import RawSubscriber
 from tests.support.harness import Pair, wait_until
@@ -378,8 +377,11 @@ def test_snapshot_and_reinit_over_mutual_tls_with_token_files(tmp_path: Path) ->
                 }
             ],
         },
-        # The subscriber's control port wants its own admin token.
-        subscriber_extra={"auth": {"admin_token_hashes": [hash_token("control-token-0123456789")]}},
+        # The subscriber's control port speaks TLS and wants its own admin token.
+        subscriber_extra={
+            "auth": {"admin_token_hashes": [hash_token("control-token-0123456789")]},
+            "tls": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)},
+        },
         subscription_extra={
             "ca_file": str(certs.ca),
             "cert_file": str(certs.client_cert),
@@ -394,7 +396,7 @@ def test_snapshot_and_reinit_over_mutual_tls_with_token_files(tmp_path: Path) ->
 
     def timeline() -> str:
         assert pair.sub is not None
-        with grpc.insecure_channel(pair.sub.address) as ch:
+        with client_channel(pair.sub.address, ClientTls(ca_file=str(certs.ca))) as ch:
             resp = rpc.SubscriberControlStub(ch).Status(
                 pb.StatusRequest(),
                 timeout=10,
@@ -409,14 +411,20 @@ def test_snapshot_and_reinit_over_mutual_tls_with_token_files(tmp_path: Path) ->
         wait_equal(src, pair.target_path, LEDGER_COLUMNS)
         assert "loading a snapshot" in timeline()
         reinit = [*pair.reinit_argv(), "--admin-token-file", str(admin_file)]
-        # Without the control token the daemon cannot be paused: nothing is loaded.
-        refused = subprocess.run(reinit, capture_output=True, text=True, timeout=180)
-        assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert "cannot pause pub1.shop" in refused.stderr
-        assert "UNAUTHENTICATED" in refused.stderr
-        assert "loaded snapshot" not in refused.stdout
+        # A daemon that cannot be paused (its TLS not trusted, then no control token)
+        # stops the command: nothing is loaded.  It used to carry on as if none ran.
+        for extra, why in (
+            ([], "UNAVAILABLE"),
+            (["--control-ca", str(certs.ca)], "UNAUTHENTICATED"),
+        ):
+            refused = subprocess.run([*reinit, *extra], capture_output=True, text=True, timeout=180)
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert "cannot pause pub1.shop" in refused.stderr
+            assert why in refused.stderr
+            assert "loaded snapshot" not in refused.stdout
         assert timeline().count("loading a snapshot") == 1
         assert "paused" not in timeline()
+        reinit += ["--control-ca", str(certs.ca)]
         out = subprocess.run(
             [*reinit, "--control-token-file", str(control_file)],
             capture_output=True,
