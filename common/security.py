@@ -12,9 +12,21 @@ Model (see docs/operations.md):
   makes) or ``pbkdf2-sha256:<iterations>:<salt hex>:<hash hex>`` (for tokens a
   person chose).  A :class:`TokenBook` maps a presented token to a
   :class:`Principal` (a name, a role, the publications it may use).
-- :class:`AuthInterceptor` authenticates calls by method prefix before any
-  servicer runs: no token or an unknown one → UNAUTHENTICATED, a token of the
-  wrong role → PERMISSION_DENIED.  Health checking and reflection stay open.
+- :class:`AuthInterceptor` checks every call against a table of :class:`Rule`
+  (one per method, or per service) before any servicer runs: no token or an
+  unknown one → UNAUTHENTICATED; a token of the wrong role → PERMISSION_DENIED;
+  then, for a rule that names the request's ``publication`` field (and
+  ``subscriber`` field), the token's grants must include that publication and a
+  subscriber token must be that subscriber's → PERMISSION_DENIED otherwise.  The
+  servicer never sees a refused request, so a refused call reads and changes
+  nothing.  A stream-request method (``Sync``) names its publication in its first
+  message: its rule says ``in_stream`` and the service checks the same grants
+  (:func:`grant_problem`) on that message before it touches anything.
+- Fail closed: a method with no rule is refused (PERMISSION_DENIED), so a new RPC
+  cannot slip past the table; only :data:`PUBLIC_SERVICES` (health checking,
+  reflection) are open by design.  tests/unit/common/test_auth_rules.py
+  enumerates every method of every service in the proto descriptors and fails on
+  one without a rule, or with a non-admin role and no per-publication scope.
 
 Tokens are never logged (common.logging masks keys naming tokens) and never
 stored in clear by the daemons.
@@ -37,13 +49,15 @@ from typing import Any
 
 import grpc
 
-from common.config import parse_address
+from common.config import ConfigError, parse_address
 
 __all__ = [
+    "PUBLIC_SERVICES",
     "TOKEN_METADATA",
     "AuthInterceptor",
     "ClientTls",
     "Principal",
+    "Rule",
     "ServerTls",
     "TokenBook",
     "add_client_args",
@@ -53,8 +67,10 @@ __all__ = [
     "client_credentials",
     "client_from_args",
     "generate_token",
+    "grant_problem",
     "hash_token",
     "is_loopback",
+    "read_token_file",
     "register",
     "server_credentials",
     "token_from_metadata",
@@ -196,22 +212,112 @@ def _denied(
     return denied
 
 
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Authenticates calls whose method matches a rule; ``rules``: prefix → allowed roles.
+PUBLIC_SERVICES = (
+    "grpc.health.v1.Health",  # probes (systemd, containers, load balancers)
+    "grpc.reflection.v1alpha.ServerReflection",  # grpcurl; describes, never reads data
+)
 
-    The longest matching prefix wins; methods matching no rule (health,
-    reflection) pass untouched.
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """Who may call a method, and where the call names the publication it reaches.
+
+    ``publication`` / ``subscriber``: names of request fields checked against the
+    token's grants (:func:`grant_problem`) before the servicer runs; ``in_stream``:
+    the method's first stream message names them and the service checks it.
+    A rule with neither reaches every publication: fit only for admin tokens.
     """
 
-    def __init__(self, book: TokenBook, rules: Mapping[str, Iterable[str]]) -> None:
-        self.book = book
-        self.rules = sorted(
-            ((prefix, frozenset(roles)) for prefix, roles in rules.items()),
-            key=lambda r: -len(r[0]),
-        )
+    roles: frozenset[str]
+    publication: str = ""
+    subscriber: str = ""
+    in_stream: bool = False
 
-    def roles_for(self, method: str) -> frozenset[str] | None:
-        return next((roles for prefix, roles in self.rules if method.startswith(prefix)), None)
+    @property
+    def scoped(self) -> bool:
+        return bool(self.publication) or self.in_stream
+
+
+def grant_problem(principal: Principal, publication: str, subscriber: str | None) -> str:
+    """Why ``principal`` may not reach ``publication`` as ``subscriber`` ("" when it may).
+
+    ``subscriber``: the subscriber the call acts for (None: the call names none); a
+    subscriber token acts only for its own subscriber.
+    """
+    if principal.role == "subscriber" and subscriber is not None and principal.name != subscriber:
+        return f"this token is not subscriber {subscriber!r}'s"
+    if not principal.may_use(publication):
+        return f"{principal.role} {principal.name!r} is not granted publication {publication!r}"
+    return ""
+
+
+def _scoped(
+    handler: grpc.RpcMethodHandler[Any, Any], rule: Rule, principal: Principal
+) -> grpc.RpcMethodHandler[Any, Any]:
+    """``handler`` behind a check of the request's publication (and subscriber) fields."""
+
+    async def refuse(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        subscriber = getattr(request, rule.subscriber) if rule.subscriber else None
+        problem = grant_problem(principal, getattr(request, rule.publication), subscriber)
+        if problem:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+
+    kw: dict[str, Any] = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.unary_stream is not None:
+        inner_stream: Any = handler.unary_stream
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+            await refuse(request, context)
+            out = inner_stream(request, context)
+            if hasattr(out, "__aiter__"):
+                try:
+                    async for item in out:
+                        yield item
+                finally:  # a cancelled call: the servicer's clean-up runs now, not at GC
+                    await out.aclose()
+            else:  # a servicer writing with context.write()
+                await out
+
+        return grpc.unary_stream_rpc_method_handler(stream, **kw)
+    inner: Any = handler.unary_unary
+    assert inner is not None, "in_stream rules cover stream-request methods"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        await refuse(request, context)
+        return await inner(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(unary, **kw)
+
+
+class AuthInterceptor(grpc.aio.ServerInterceptor):
+    """Checks every call against ``rules``: method path (or ``/service/`` prefix) → Rule.
+
+    An exact method path wins over its service's prefix; a method matching no rule
+    is refused unless its service is in ``public``.
+    """
+
+    def __init__(
+        self,
+        book: TokenBook,
+        rules: Mapping[str, Rule],
+        public: Iterable[str] = PUBLIC_SERVICES,
+    ) -> None:
+        self.book = book
+        self.rules = dict(rules)
+        self.public = frozenset(public)
+
+    def rule_for(self, method: str) -> Rule | None:
+        """The rule of ``/package.Service/Method`` (None: no rule)."""
+        if method in self.rules:
+            return self.rules[method]
+        service = method[: method.rfind("/") + 1]
+        return self.rules.get(service)
+
+    def is_public(self, method: str) -> bool:
+        return method.split("/")[1] in self.public if method.count("/") == 2 else False
 
     async def intercept_service(
         self,
@@ -222,9 +328,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler[Any, Any] | None:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        roles = self.roles_for(method)
-        if roles is None or handler is None:
+        if handler is None or self.is_public(method):
             return handler
+        rule = self.rule_for(method)
+        if rule is None:
+            return _denied(
+                handler,
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"{method} has no authorisation rule on this server; refused",
+            )
         token = token_from_metadata(handler_call_details.invocation_metadata)
         if not token:
             return _denied(
@@ -235,13 +347,15 @@ class AuthInterceptor(grpc.aio.ServerInterceptor):
         principal = self.book.identify(token)
         if principal is None:
             return _denied(handler, grpc.StatusCode.UNAUTHENTICATED, "unknown or revoked token")
-        if principal.role not in roles:
+        if principal.role not in rule.roles:
             return _denied(
                 handler,
                 grpc.StatusCode.PERMISSION_DENIED,
-                f"{method} needs a {' or '.join(sorted(roles))} token; "
+                f"{method} needs a {' or '.join(sorted(rule.roles))} token; "
                 f"this one is a {principal.role} token ({principal.name})",
             )
+        if rule.publication and not handler.request_streaming:
+            return _scoped(handler, rule, principal)
         return handler
 
 
@@ -364,6 +478,19 @@ def check_listen(address: str, *, field: str, tls: bool, allow_insecure: bool) -
 # -- CLI: client options and `txrepl token` ------------------------------------------------
 
 
+def read_token_file(path: Path, field: str = "token_file") -> str:
+    """The token held in ``path`` (surrounding blanks stripped); a ConfigError naming
+    ``field`` when the file cannot be read or is empty."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        problem = getattr(e, "strerror", None) or str(e)
+        raise ConfigError(str(path), field, f"cannot read the token: {problem}") from None
+    if not token:
+        raise ConfigError(str(path), field, "the file is empty; put the token in it")
+    return token
+
+
 def add_client_args(parser: argparse.ArgumentParser) -> None:
     """--tls/--ca/--cert/--key/--server-name/--token-file (token also from $TXREPL_TOKEN)."""
     g = parser.add_argument_group("connection security")
@@ -384,9 +511,8 @@ def client_from_args(
     tls = None
     if args.tls or args.ca or args.cert:
         tls = ClientTls(args.ca, args.cert, args.key, args.server_name)
-    token = ""
     if args.token_file:
-        token = Path(args.token_file).read_text(encoding="utf-8").strip()
+        token = read_token_file(Path(args.token_file), "--token-file")
     else:
         token = os.environ.get("TXREPL_TOKEN", "")
     metadata = ((TOKEN_METADATA, token),) if token else ()

@@ -41,6 +41,11 @@ def register(sub: Any) -> None:
     mv.add_argument("--level", type=int, default=0, help="set its level too (after a reinit)")
     mv.set_defaults(func=_mark_valid)
     for leaf in (subs, pubs, mv):
+        # Also after the action (`txrepl admin subscribers --publisher H:P`); given in
+        # neither place, the default above holds.
+        leaf.add_argument(
+            "--publisher", default=argparse.SUPPRESS, help="publisher address host:port"
+        )
         add_client_args(leaf)
 
 

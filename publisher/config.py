@@ -211,7 +211,7 @@ class PublisherConfig:
 
     @property
     def auth_enabled(self) -> bool:
-        """Any token configured: every Sync, Publish and Admin call must then carry one."""
+        """Any token configured: every call (publisher.service.AUTH_RULES) must carry one."""
         a = self.auth
         return bool(a.admin_token_hashes or a.publish_token_hashes or self.subscriber)
 

@@ -14,9 +14,10 @@ entry in progress, cut the feeds ("publisher shutting down"), stop the server,
 close the logs.  A second signal forces exit.
 
 Security (common.security): TLS from ``[tls]``; when any token is configured an
-interceptor authenticates every Replication and Admin call, and the feed's
-``authorize`` hook checks that a Sync's token belongs to the Hello's subscriber
-and grants the publication — before anything is written to the registry.
+interceptor checks every call against ``publisher.service.AUTH_RULES`` (role, and
+the publication a Publish or Snapshot names; a method without a rule is refused),
+and the feed's ``authorize`` hook checks that a Sync's token belongs to the Hello's
+subscriber and grants the publication — before anything is written to the registry.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from common.security import (
     AuthInterceptor,
     Principal,
     TokenBook,
+    grant_problem,
     server_credentials,
     token_from_metadata,
 )
@@ -53,7 +55,7 @@ from publisher.log import open_log
 from publisher.publication import Publication
 from publisher.registry import Registry
 from publisher.retention import retention_loop
-from publisher.service import AdminService, ReplicationService, subscriber_info
+from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
 
 __all__ = ["Publisher", "run"]
@@ -175,17 +177,14 @@ class SyncAuthorizer:
                 "unknown or missing token",
                 kind=pb.REFUSAL_KIND_UNAUTHENTICATED,
             )
-        if principal.role != "subscriber" or principal.name != hello.subscriber:
+        problem = (
+            grant_problem(principal, hello.publication, hello.subscriber)
+            if principal.role == "subscriber"
+            else f"this token is not subscriber {hello.subscriber!r}'s"
+        )
+        if problem:
             raise FeedRefused(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"this token is not subscriber {hello.subscriber!r}'s",
-                kind=pb.REFUSAL_KIND_PERMISSION_DENIED,
-            )
-        if not principal.may_use(hello.publication):
-            raise FeedRefused(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"subscriber {hello.subscriber!r} is not granted publication {hello.publication!r}",
-                kind=pb.REFUSAL_KIND_PERMISSION_DENIED,
+                grpc.StatusCode.PERMISSION_DENIED, problem, kind=pb.REFUSAL_KIND_PERMISSION_DENIED
             )
 
 
@@ -251,16 +250,7 @@ class Publisher:
         book = token_book(cfg)
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if cfg.auth_enabled:
-            interceptors.append(
-                AuthInterceptor(
-                    book,
-                    {
-                        "/txrepl.v1.Admin/": {"admin"},
-                        "/txrepl.v1.Replication/Publish": {"admin", "publisher"},
-                        "/txrepl.v1.Replication/Sync": {"subscriber"},
-                    },
-                )
-            )
+            interceptors.append(AuthInterceptor(book, AUTH_RULES))
         feeds = FeedManager(
             cfg.server_name,
             self.publications,

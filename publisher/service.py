@@ -1,4 +1,7 @@
-"""gRPC servicers of the publisher: Replication (Sync, Publish) and Admin."""
+"""gRPC servicers of the publisher: Replication (Sync, Publish, Snapshot) and Admin,
+and :data:`AUTH_RULES`, who may call each of them once any token is configured
+(enforced by common.security.AuthInterceptor before a servicer runs).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +16,33 @@ import structlog
 from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import Rule
 from publisher.errors import SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
 from publisher.registry import Registry, SubscriberRow
 from publisher.snapshot import SnapshotSource
 
-__all__ = ["AdminService", "ReplicationService", "subscriber_info"]
+__all__ = ["AUTH_RULES", "AdminService", "ReplicationService", "subscriber_info"]
 
 log = structlog.get_logger(__name__)
 
 MAX_PUBLISH_OPS = 100_000
+
+# Every method of the services this file implements; a method without a rule is
+# refused (tests/unit/common/test_auth_rules.py checks the table against the proto).
+AUTH_RULES: Mapping[str, Rule] = {
+    "/txrepl.v1.Admin/": Rule(frozenset({"admin"})),  # every publication: admin only
+    "/txrepl.v1.Replication/Publish": Rule(
+        frozenset({"admin", "publisher"}), publication="publication"
+    ),
+    # The Hello names subscriber and publication: the feed checks them (SyncAuthorizer).
+    "/txrepl.v1.Replication/Sync": Rule(frozenset({"subscriber"}), in_stream=True),
+    # Every row of every table of the publication: its subscriber, or an operator.
+    "/txrepl.v1.Replication/Snapshot": Rule(
+        frozenset({"admin", "subscriber"}), publication="publication", subscriber="subscriber"
+    ),
+}
 
 
 class ReplicationService(rpc.ReplicationServicer):

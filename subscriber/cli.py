@@ -11,13 +11,22 @@ import argparse
 import datetime as dt
 import json
 import os
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import grpc
 
 from common.errors import describe_rpc_error
-from common.security import add_client_args, client_channel, client_from_args
+from common.security import (
+    TOKEN_METADATA,
+    ClientTls,
+    add_client_args,
+    client_channel,
+    client_from_args,
+    read_token_file,
+)
 from subscriber import errors_cli
 
 __all__ = ["register"]
@@ -118,9 +127,34 @@ def register_reinit(psub: Any) -> None:
     r.add_argument(
         "--admin-token",
         default=os.environ.get("TXREPL_ADMIN_TOKEN", ""),
-        help="admin credential for mark-valid (default: $TXREPL_ADMIN_TOKEN)",
+        help="the publisher's admin token, for mark-valid (default: $TXREPL_ADMIN_TOKEN)",
     )
+    r.add_argument(
+        "--admin-token-file", default="", help="file holding the publisher's admin token"
+    )
+    r.add_argument(
+        "--control-token-file",
+        default="",
+        help="file holding the running subscriber's control (admin) token, to pause it",
+    )
+    r.add_argument(
+        "--control-ca",
+        default="",
+        help="CA of the subscriber's control port when its [tls] is on (default: system roots)",
+    )
+    r.add_argument("--control-cert", default="", help="client certificate for its control port")
+    r.add_argument("--control-key", default="", help="client key for its control port")
     r.set_defaults(func=_reinit)
+
+
+def _listening(address: str) -> bool:
+    """Whether something accepts TCP connections at ``address`` (host:port)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _reinit(args: argparse.Namespace) -> int:
@@ -129,7 +163,13 @@ def _reinit(args: argparse.Namespace) -> int:
     from subscriber.apply import create_spark_session
     from subscriber.config import load_config
     from subscriber.reinit import SnapshotError, SnapshotProgress
-    from subscriber.targets import snapshot_loader, snapshot_needs_spark, spark_settings
+    from subscriber.targets import (
+        publisher_channel,
+        resolve_token,
+        snapshot_loader,
+        snapshot_needs_spark,
+        spark_settings,
+    )
 
     cfg = load_config(args.config)
     sc = next((s for s in cfg.subscription if s.id == args.subscription), None)
@@ -143,12 +183,39 @@ def _reinit(args: argparse.Namespace) -> int:
     # The running daemon writes the address it bound (port 0 works) into its data dir.
     addr_file = cfg.data_path / "subscriber.addr"
     control_addr = addr_file.read_text().strip() if addr_file.exists() else cfg.control_listen
-    control = rpc.SubscriberControlStub(grpc.insecure_channel(control_addr))
+    control_tls = None
+    if cfg.tls.enabled:  # the control port speaks TLS (mutual with client_ca_file)
+        control_tls = ClientTls(args.control_ca, args.control_cert, args.control_key)
+    try:
+        control = rpc.SubscriberControlStub(client_channel(control_addr, control_tls))
+    except ValueError as e:
+        print(f"txrepl: --control-ca/--control-cert/--control-key: {e}", file=sys.stderr)
+        return 2
+    control_md = None
+    if args.control_token_file:
+        token = read_token_file(Path(args.control_token_file), "--control-token-file")
+        control_md = ((TOKEN_METADATA, token),)
+    admin_token = args.admin_token
+    if args.admin_token_file:
+        admin_token = read_token_file(Path(args.admin_token_file), "--admin-token-file")
+    resolve_token(sc, cfg)  # an unreadable token_file stops here, before the daemon pauses
     daemon_running = True
     try:
-        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
         print(f"paused {sc.id} on the running subscriber ({control_addr})")
-    except grpc.RpcError:
+    except grpc.RpcError as e:
+        # A daemon that answers (or only listens: TLS refused) but did not pause:
+        # loading under it would race its apply.
+        if e.code() != grpc.StatusCode.UNAVAILABLE or _listening(control_addr):
+            hint = "" if control_md else " (its control token: --control-token-file)"
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                hint = " (a TLS control port: --control-ca, --control-cert/--control-key)"
+            print(
+                f"txrepl: cannot pause {sc.id} on the running subscriber ({control_addr}): "
+                f"{describe_rpc_error(e)}; nothing was changed{hint}",
+                file=sys.stderr,
+            )
+            return 1
         daemon_running = False
     # A PostgreSQL target is loaded by COPY from this process: no Spark session needed,
     # unless a table is shaped by transforms (subscriber/reinit/shape.py).
@@ -177,8 +244,8 @@ def _reinit(args: argparse.Namespace) -> int:
             spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")
     if not args.no_mark_valid:
-        admin = rpc.AdminStub(grpc.insecure_channel(sc.address))
-        md = (("x-txrepl-token", args.admin_token),) if args.admin_token else None
+        admin = rpc.AdminStub(publisher_channel(cfg, sc))  # the subscription's TLS
+        md = ((TOKEN_METADATA, admin_token),) if admin_token else None
         try:
             admin.MarkValid(
                 pb.MarkValidRequest(
@@ -192,6 +259,6 @@ def _reinit(args: argparse.Namespace) -> int:
             return 1
         print(f"marked {cfg.server_name} valid on {sc.publisher} at level {seq}")
     if daemon_running:
-        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
+        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
         print(f"resumed {sc.id}")
     return 0

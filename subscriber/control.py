@@ -1,4 +1,5 @@
-"""The subscriber's control service: status, pause, resume, reconnect now."""
+"""The subscriber's control service: status, pause, resume, reconnect now; and
+:data:`AUTH_RULES`, who may call it once ``[auth] admin_token_hashes`` is set."""
 
 from __future__ import annotations
 
@@ -9,9 +10,14 @@ import grpc
 from common.errors import MAX_NAME
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import Rule
 from subscriber.subscription import SubscriptionRunner
 
-__all__ = ["ControlService"]
+__all__ = ["AUTH_RULES", "ControlService"]
+
+# Control acts on every subscription of this daemon: admin tokens only.  A method
+# without a rule is refused (tests/unit/common/test_auth_rules.py).
+AUTH_RULES: Mapping[str, Rule] = {"/txrepl.v1.SubscriberControl/": Rule(frozenset({"admin"}))}
 
 
 class ControlService(rpc.SubscriberControlServicer):

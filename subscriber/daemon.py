@@ -50,7 +50,7 @@ from subscriber.apply import (
     create_spark_session,
 )
 from subscriber.config import SubscriberConfig
-from subscriber.control import ControlService
+from subscriber.control import AUTH_RULES, ControlService
 from subscriber.subscription import STATES, SubscriptionRunner
 from subscriber.targets import open_writer, resolve_token, snapshot_loader, spark_settings
 
@@ -210,7 +210,7 @@ class Subscriber:
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if cfg.auth.admin_token_hashes:
             book = TokenBook((h, Principal("admin", "admin")) for h in cfg.auth.admin_token_hashes)
-            interceptors.append(AuthInterceptor(book, {"/txrepl.v1.SubscriberControl/": {"admin"}}))
+            interceptors.append(AuthInterceptor(book, AUTH_RULES))
         endpoint = GrpcEndpoint(
             cfg.control_listen,
             [lambda s: rpc.add_SubscriberControlServicer_to_server(control, s)],

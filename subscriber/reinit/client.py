@@ -33,6 +33,7 @@ import structlog
 
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import client_channel
 from subscriber.apply import TableOptions
 from subscriber.reinit.errors import SnapshotError
 from subscriber.reinit.shape import Shape, shape_rows, shapes
@@ -84,14 +85,16 @@ def load_into(
     ``sink`` is closed when this returns or raises.  ``tables``: the subscriber's
     per-table options (``ApplyOptions.tables``); a table with transforms is loaded
     shaped (``spark`` required), one in history mode raises
-    :class:`SnapshotRefused` before anything is written.
+    :class:`SnapshotRefused` before anything is written.  ``channel``: the caller's
+    (TLS, built by ``subscriber.targets.publisher_channel``); without it a plaintext
+    one to ``address``.
     """
     own = channel is None
     progress = SnapshotProgress()
     chunks: Generator[Any, None, None] | None = None
     ch: grpc.Channel | None = None
     try:
-        ch = channel or _channel(address)
+        ch = channel or client_channel(address, None)  # plaintext: tests, loopback
         stream: Any = rpc.ReplicationStub(ch).Snapshot(
             pb.SnapshotRequest(
                 subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
@@ -241,12 +244,6 @@ def _consume(
             )
             return start.incarnation, start.seq
     raise SnapshotError("the snapshot stream ended without its end marker")
-
-
-def _channel(address: str) -> grpc.Channel:
-    return grpc.insecure_channel(
-        address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-    )
 
 
 def _check_publisher(start: pb.SnapshotStart, publisher: str) -> None:

@@ -16,8 +16,9 @@ plus its line in :data:`TARGETS` (and its scheme in ``common.dburl``).
 
 It also builds the snapshot loader of a subscription, :func:`snapshot_loader`,
 the one builder both ``txrepl subscriber reinit`` and the daemon use: the same
-token (``token`` or ``token_file``), replay role, per-table options and Spark
-settings (:func:`spark_settings`, executors included) whoever loads.
+token (``token`` or ``token_file``), TLS / mutual TLS (:func:`publisher_channel`),
+replay role, per-table options and Spark settings (:func:`spark_settings`,
+executors included) whoever loads.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import grpc
 
 from common.dburl import DatabaseUrl, Dialect
+from common.security import TOKEN_METADATA, client_channel, read_token_file
 from subscriber.apply import ApplyOptions, SparkSettings, TableOptions, Writer
 from subscriber.config import SubscriberConfig, SubscriptionConfig
 from subscriber.reinit import ShadowLoader, SnapshotError, SnapshotProgress, load_into
@@ -45,6 +47,7 @@ __all__ = [
     "load_snapshot",
     "open_snapshot_loader",
     "open_writer",
+    "publisher_channel",
     "resolve_token",
     "snapshot_loader",
     "snapshot_needs_spark",
@@ -159,11 +162,19 @@ def load_snapshot(
 
 
 def resolve_token(sc: SubscriptionConfig, config: SubscriberConfig) -> SubscriptionConfig:
-    """The subscription with ``token`` read from ``token_file`` (if one is given)."""
+    """The subscription with ``token`` read from ``token_file`` (if one is given);
+    a ConfigError naming the subscription's ``token_file`` when it cannot be read."""
     if not sc.token_file:
         return sc
-    token = config.path(sc.token_file).read_text(encoding="utf-8").strip()
+    token = read_token_file(config.path(sc.token_file), f"subscription {sc.id}: token_file")
     return dataclasses.replace(sc, token=token, token_file="")
+
+
+def publisher_channel(config: SubscriberConfig, sc: SubscriptionConfig) -> grpc.Channel:
+    """A blocking channel to ``sc``'s publisher, with the subscription's TLS settings
+    (``tls``, ``ca_file``, ``cert_file``/``key_file``, ``tls_server_name``): the
+    builder of every client of the CLI and the daemon (common.security)."""
+    return client_channel(sc.address, sc.client_tls, config.path)
 
 
 def spark_settings(config: SubscriberConfig) -> SparkSettings:
@@ -189,27 +200,34 @@ def snapshot_loader(
 ) -> Callable[[], tuple[str, int]]:
     """Loads subscription ``sc``'s snapshot into the target: (incarnation, seq) per call.
 
-    The token is read (``token_file``) once, here; ``spark`` is the caller's session
+    The token is read (``token_file``) once, here; TLS files at each load, through the
+    channel builder of every client (:func:`publisher_channel`); ``spark`` is the caller's session
     (None where :func:`snapshot_needs_spark` says none is needed).
     """
     sub = resolve_token(sc, config)
-    metadata = (("x-txrepl-token", sub.token),) if sub.token else None
+    metadata = ((TOKEN_METADATA, sub.token),) if sub.token else None
     tables = ApplyOptions.from_config(config.apply).tables
     role = config.apply.role or None
 
     def load() -> tuple[str, int]:
-        return load_snapshot(
-            address=sc.address,
-            publisher=sc.publisher,
-            publication=sc.publication,
-            subscriber=config.server_name,
-            subscription=sc.id,
-            target=config.target_url,
-            spark=spark,
-            metadata=metadata,
-            on_progress=on_progress,
-            role=role,
-            tables=tables,
-        )
+        try:
+            channel = publisher_channel(config, sc)
+        except ValueError as e:  # a TLS file missing or unreadable
+            raise SnapshotError(f"subscription {sc.id}: {e}") from None
+        with channel:
+            return load_snapshot(
+                address=sc.address,
+                publisher=sc.publisher,
+                publication=sc.publication,
+                subscriber=config.server_name,
+                subscription=sc.id,
+                target=config.target_url,
+                spark=spark,
+                channel=channel,
+                metadata=metadata,
+                on_progress=on_progress,
+                role=role,
+                tables=tables,
+            )
 
     return load

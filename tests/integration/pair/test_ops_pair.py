@@ -179,6 +179,36 @@ def test_control_needs_admin_token(running: Running) -> None:
     assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_every_control_rpc_refuses_missing_and_wrong_tokens_and_changes_nothing(
+    running: Running,
+) -> None:
+    """Each method of SubscriberControl, enumerated from the proto, over TLS: no token or
+    a token that is not one of its admin tokens (the subscriber's own publisher token)
+    → UNAUTHENTICATED; the subscription is not paused or reconnected."""
+    assert running.pair.sub is not None
+    desc = pb.DESCRIPTOR.services_by_name["SubscriberControl"]
+    before = running.control()
+    for token, want in (
+        ("", grpc.StatusCode.UNAUTHENTICATED),
+        (SUB1, grpc.StatusCode.UNAUTHENTICATED),
+    ):
+        md = (("x-txrepl-token", token),) if token else None
+        with client_channel(running.pair.sub.address, running.tls) as ch:
+            for m in desc.methods:
+                request = getattr(pb, m.input_type.name)()
+                call = ch.unary_unary(
+                    f"/{desc.full_name}/{m.name}",
+                    request_serializer=type(request).SerializeToString,
+                    response_deserializer=getattr(pb, m.output_type.name).FromString,
+                )
+                with pytest.raises(grpc.RpcError) as e:
+                    call(request, timeout=5, metadata=md)
+                assert e.value.code() == want, m.name
+    after = running.control()
+    assert after.state == before.state == "in_sync"
+    assert after.sessions == before.sessions
+
+
 def test_metrics_lag_matches_registry_and_status(running: Running) -> None:
     """With the subscriber paused behind the head, the publisher's lag metrics equal the
     registry's (Admin) and the subscriber's level metric equals its control status; then

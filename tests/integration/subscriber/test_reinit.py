@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
-from common.security import hash_token
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import ClientTls, client_channel, hash_token
+from tests.support.certs import make_certs
 from tests.support.feedclient import RawSubscriber
 from tests.support.harness import Pair, wait_until
 from tests.support.ledger import (
@@ -343,3 +346,124 @@ def test_sqlite_reinit_carries_indexes_and_triggers_over(tmp_path: Path, spark: 
         dst.close()
     finally:
         pair.stop()
+
+
+def test_snapshot_and_reinit_over_mutual_tls_with_token_files(tmp_path: Path) -> None:
+    """A publisher with TLS, client certificates and tokens: a new subscriber whose
+    subscription says initial = "snapshot" loads its first snapshot over mutual TLS
+    with its token_file, and `txrepl subscriber reinit` (the subscription's TLS and
+    token_file, the admin token from --admin-token-file) reloads it and marks it
+    valid; both used to open plaintext channels, which the TLS port refuses."""
+    certs = make_certs(tmp_path / "certs")
+    token_file = tmp_path / "sub1.token"
+    token_file.write_text("sub1-tls-token-0123456789\n")
+    admin_file = tmp_path / "admin.token"
+    admin_file.write_text("admin-tls-token-0123456789\n")
+    pair = Pair(
+        tmp_path,
+        tables=["counter", "ledger"],
+        publisher_extra={
+            "tls": {
+                "cert_file": str(certs.server_cert),
+                "key_file": str(certs.server_key),
+                "client_ca_file": str(certs.ca),
+            },
+            "auth": {"admin_token_hashes": [hash_token("admin-tls-token-0123456789")]},
+            "subscriber": [
+                {
+                    "name": "sub1",
+                    "token_hash": hash_token("sub1-tls-token-0123456789"),
+                    "publications": ["shop"],
+                }
+            ],
+        },
+        # The subscriber's control port speaks TLS and wants its own admin token.
+        subscriber_extra={
+            "auth": {"admin_token_hashes": [hash_token("control-token-0123456789")]},
+            "tls": {"cert_file": str(certs.server_cert), "key_file": str(certs.server_key)},
+        },
+        subscription_extra={
+            "ca_file": str(certs.ca),
+            "cert_file": str(certs.client_cert),
+            "key_file": str(certs.client_key),
+            "token_file": str(token_file),
+            "initial": "snapshot",
+        },
+    )
+    control_file = tmp_path / "control.token"
+    control_file.write_text("control-token-0123456789\n")
+    src = ledger_source(pair.source_path)
+
+    def timeline() -> str:
+        assert pair.sub is not None
+        with client_channel(pair.sub.address, ClientTls(ca_file=str(certs.ca))) as ch:
+            resp = rpc.SubscriberControlStub(ch).Status(
+                pb.StatusRequest(),
+                timeout=10,
+                metadata=(("x-txrepl-token", "control-token-0123456789"),),
+            )
+        return " ".join(f"{t.state}:{t.reason}" for t in resp.subscriptions[0].timeline)
+
+    try:
+        pair.start_publisher()
+        nxt = bursts(src, 1, 3)
+        pair.start_subscriber()
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS)
+        assert "loading a snapshot" in timeline()
+        reinit = [*pair.reinit_argv(), "--admin-token-file", str(admin_file)]
+        # A daemon that cannot be paused (its TLS not trusted, then no control token)
+        # stops the command: nothing is loaded.  It used to carry on as if none ran.
+        for extra, why in (
+            ([], "UNAVAILABLE"),
+            (["--control-ca", str(certs.ca)], "UNAUTHENTICATED"),
+        ):
+            refused = subprocess.run([*reinit, *extra], capture_output=True, text=True, timeout=180)
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert "cannot pause pub1.shop" in refused.stderr
+            assert why in refused.stderr
+            assert "loaded snapshot" not in refused.stdout
+        assert timeline().count("loading a snapshot") == 1
+        assert "paused" not in timeline()
+        reinit += ["--control-ca", str(certs.ca)]
+        out = subprocess.run(
+            [*reinit, "--control-token-file", str(control_file)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "loaded snapshot of 'shop'" in out.stdout
+        assert "marked sub1 valid" in out.stdout
+        assert "resumed pub1.shop" in out.stdout
+        bursts(src, nxt, 2)
+        wait_equal(src, pair.target_path, LEDGER_COLUMNS)
+    finally:
+        pair.stop()
+        src.close()
+
+
+def test_reinit_with_an_unreadable_token_file_is_one_line_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    """A missing --admin-token-file, or a subscription token_file that is empty: one
+    line naming the key, exit 2, no traceback, no target written."""
+    empty = tmp_path / "empty.token"
+    empty.write_text("\n")
+    pair = Pair(tmp_path, tables=["t"])
+    pair.write_subscriber_config("127.0.0.1:1")
+    out = subprocess.run(
+        [*pair.reinit_argv(), "--admin-token-file", str(tmp_path / "missing.token")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "missing.token: --admin-token-file: cannot read the token" in out.stderr
+    pair.subscription_extra = {"token_file": str(empty)}
+    pair.write_subscriber_config("127.0.0.1:1")
+    out = subprocess.run(pair.reinit_argv(), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+    assert "subscription pub1.shop: token_file: the file is empty" in out.stderr
+    assert not pair.target_path.exists()
