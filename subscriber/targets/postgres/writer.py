@@ -525,7 +525,7 @@ class PostgresWriter:
         )
         stage = self._copied(cur, schema, every, versions)
         cur.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+            sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {}").format(
                 Q(schema.table),
                 sql.SQL(", ").join(Q(x) for x in names),
                 sql.SQL(", ").join(Q(f"c{i}") for i in every),
@@ -591,6 +591,7 @@ def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
         conflict = sql.SQL("DO UPDATE SET {}").format(sets)
     else:
         conflict = sql.SQL("DO NOTHING")
-    return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ON CONFLICT ({}) {}").format(
-        Q(schema.table), cols, picks, Q(stage), pk, conflict
-    )
+    # OVERRIDING SYSTEM VALUE: identity ALWAYS keys take the publisher's values.
+    return sql.SQL(
+        "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ON CONFLICT ({}) {}"
+    ).format(Q(schema.table), cols, picks, Q(stage), pk, conflict)
