@@ -316,7 +316,19 @@ class Publisher:
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         assert self.registry is not None
-        return [retention_loop(self.publications, self.registry, self.config.retention_interval_s)]
+        return [
+            retention_loop(
+                self.publications,
+                self.registry,
+                self.config.retention_interval_s,
+                self._live_feeds,
+            )
+        ]
+
+    def _live_feeds(self) -> set[tuple[str, str]]:
+        """(publication, subscriber) of every open feed; read on the event loop."""
+        feeds = self.feeds.feeds if self.feeds is not None else set()
+        return {(f.publication.name, f.subscriber) for f in feeds}
 
     async def drain(self) -> None:
         """Capture stops after the entry in progress, then the feeds are cut."""
