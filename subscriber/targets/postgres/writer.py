@@ -75,6 +75,7 @@ from subscriber.apply.writer import (
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
+from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
 log = structlog.get_logger(__name__)
@@ -342,7 +343,7 @@ class PostgresWriter:
             self._schema(cur, subscription, step)
             return 0
         if isinstance(step, TruncateStep):
-            cur.execute(sql.SQL("TRUNCATE {}").format(Q(step.table)))
+            empty_table(cur, step.table, Q(step.table))
             return 0
         if isinstance(step, SqlStep):
             self._types.clear()  # it may have changed any table
