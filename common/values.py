@@ -59,7 +59,7 @@ def _micros(delta: dt.timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
-def _to_decimal(v: object, scale: int) -> decimal.Decimal | None:
+def to_decimal(v: object, scale: int) -> decimal.Decimal | None:
     if isinstance(v, decimal.Decimal):
         d = v
     elif isinstance(v, bool):
@@ -117,7 +117,7 @@ def _to_time(v: object) -> dt.time | None:
     return None
 
 
-def _to_datetime(v: object) -> dt.datetime | None:
+def to_datetime(v: object) -> dt.datetime | None:
     if isinstance(v, dt.datetime):
         return v
     if isinstance(v, str):
@@ -128,7 +128,7 @@ def _to_datetime(v: object) -> dt.datetime | None:
     return None
 
 
-def _natural(v: object, out: pb.Value) -> pb.Value:
+def encode_natural(v: object, out: pb.Value) -> pb.Value:
     """Encode ``v`` by its own Python type (used when coercion is not possible)."""
     if v is None:
         out.null = True
@@ -162,13 +162,6 @@ def _natural(v: object, out: pb.Value) -> pb.Value:
     return out
 
 
-# Public names of the coercions above, for encoders that set values in place
-# (publisher/capture/values.py); the underscored names stay for this module.
-to_decimal = _to_decimal
-to_datetime = _to_datetime
-encode_natural = _natural
-
-
 def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: int = 0) -> pb.Value:
     """Encode ``v`` as a Value of logical type ``ctype`` (coercing source representations)."""
     out = pb.Value()
@@ -182,7 +175,7 @@ def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: in
         elif isinstance(v, float) and v.is_integer():
             coerced = int(v)
     elif ctype == ColumnType.COLUMN_TYPE_DECIMAL:
-        coerced = _to_decimal(v, scale)
+        coerced = to_decimal(v, scale)
     elif ctype == ColumnType.COLUMN_TYPE_FLOAT:
         if isinstance(v, int | float) and not isinstance(v, bool):
             coerced = float(v)
@@ -199,7 +192,7 @@ def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: in
     elif ctype == ColumnType.COLUMN_TYPE_TIME:
         coerced = _to_time(v)
     elif ctype in (ColumnType.COLUMN_TYPE_TIMESTAMP, ColumnType.COLUMN_TYPE_TIMESTAMPTZ):
-        ts = _to_datetime(v)
+        ts = to_datetime(v)
         if ts is not None and ctype == ColumnType.COLUMN_TYPE_TIMESTAMPTZ and ts.tzinfo is None:
             ts = ts.replace(tzinfo=dt.UTC)  # a zone-less text in a timestamptz column means UTC
         coerced = ts
@@ -212,7 +205,7 @@ def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: in
     if ctype == ColumnType.COLUMN_TYPE_DECIMAL and isinstance(coerced, decimal.Decimal):
         out.decimal = str(coerced)
         return out
-    return _natural(v if coerced is None else coerced, out)
+    return encode_natural(v if coerced is None else coerced, out)
 
 
 def decode(v: pb.Value) -> object:

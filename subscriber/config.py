@@ -39,7 +39,6 @@ from subscriber.schedule import Schedule
 
 __all__ = [
     "ApplyConfig",
-    "BackoffConfig",
     "BatchConfig",
     "ControlAuthConfig",
     "SparkConfig",
@@ -141,10 +140,6 @@ class BatchConfig:
             raise ValueError(f"max_delay_ms must be between 0 and 60000, not {self.max_delay_ms}")
 
 
-# ``[backoff]``: between reconnect attempts; the one backoff value of every retry loop.
-BackoffConfig = Backoff
-
-
 @dataclasses.dataclass(frozen=True)
 class ControlAuthConfig:
     """Hashed admin tokens for the control service (empty: open, loopback by default)."""
@@ -201,7 +196,7 @@ class SubscriberConfig:
     data_dir: str = "var/subscriber"
     spark: SparkConfig = dataclasses.field(default_factory=SparkConfig)
     batch: BatchConfig = dataclasses.field(default_factory=BatchConfig)
-    backoff: BackoffConfig = dataclasses.field(default_factory=BackoffConfig)
+    backoff: Backoff = dataclasses.field(default_factory=Backoff)
     metrics_listen: str = "127.0.0.1:9465"
     allow_insecure_non_loopback: bool = False
     tls: ServerTls = dataclasses.field(default_factory=ServerTls)
