@@ -72,8 +72,13 @@ async def test_vanished_subscriber_is_invalidated_by_retention_and_the_log_shrin
     ghost = await RawSubscriber(pair.pub.address, "ghost").start()
     level = _publication(pair).head
     await ghost.wait_level(level)
+
+    def acked() -> bool:  # the ack is recorded, not only the entries received
+        row = _subscriber(pair, "ghost")
+        return row is not None and row.level >= level
+
+    wait_until(acked, 10, "the registry row at the ghost's level")
     await ghost.close()
-    wait_until(lambda: _subscriber(pair, "ghost") is not None, 10, "the registry row")
 
     _write(pair, 100, 40)  # ~80 KiB in 4 KiB segments; far past max_delta
     wait_until(lambda: _publication(pair).head > level + 3 * MAX_DELTA, 60, "capture")
