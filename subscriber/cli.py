@@ -28,6 +28,7 @@ from common.security import (
     read_token_file,
 )
 from subscriber import errors_cli
+from subscriber.extra import requires_extra
 
 __all__ = ["register"]
 
@@ -37,7 +38,7 @@ def register(sub: Any) -> None:
     psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     run = psub.add_parser("run", help="run the subscriber daemon")
     run.add_argument("--config", required=True, help="subscriber TOML file")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=requires_extra(_run))
     check = psub.add_parser("check", help="validate a subscriber config without starting")
     check.add_argument("--config", required=True)
     check.set_defaults(func=_check)
@@ -144,7 +145,7 @@ def register_reinit(psub: Any) -> None:
     )
     r.add_argument("--control-cert", default="", help="client certificate for its control port")
     r.add_argument("--control-key", default="", help="client key for its control port")
-    r.set_defaults(func=_reinit)
+    r.set_defaults(func=requires_extra(_reinit))
 
 
 def _listening(address: str) -> bool:

@@ -14,6 +14,8 @@ import json
 import sys
 from typing import Any
 
+from subscriber.extra import requires_extra
+
 __all__ = ["register"]
 
 
@@ -24,7 +26,7 @@ def register(subparsers: Any) -> None:
     ls.add_argument("--config", required=True, help="subscriber TOML file")
     ls.add_argument("subscription", nargs="?", default=None)
     ls.add_argument("--json", action="store_true")
-    ls.set_defaults(func=_list)
+    ls.set_defaults(func=requires_extra(_list))
     for name, helptext in (
         ("retry", "apply the stored entry now (after fixing the target)"),
         ("skip", "move the level past the stored entry without applying it"),
@@ -33,7 +35,7 @@ def register(subparsers: Any) -> None:
         c.add_argument("--config", required=True)
         c.add_argument("subscription")
         c.add_argument("seq", type=int)
-        c.set_defaults(func=_retry if name == "retry" else _skip)
+        c.set_defaults(func=requires_extra(_retry if name == "retry" else _skip))
 
 
 def _writer(args: argparse.Namespace) -> Any:

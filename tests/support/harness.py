@@ -78,6 +78,10 @@ class Daemon:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     address: str = ""
+    # The command before ``run --config FILE`` (default: this interpreter's ``-m KIND``),
+    # e.g. ``[venv/bin/txrepl, "publisher"]`` for another installation.
+    command: list[str] = field(default_factory=list)
+    cwd: Path = ROOT
 
     def start(self, timeout: float = 90.0) -> Daemon:
         if self.addr_file.exists():
@@ -88,9 +92,10 @@ class Daemon:
         env.update(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the process
+        command = self.command or [sys.executable, "-m", self.kind]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.kind, "run", "--config", str(self.config_path)],
-            cwd=ROOT,
+            [*command, "run", "--config", str(self.config_path)],
+            cwd=self.cwd,
             env=env,
             stdout=logf,
             stderr=subprocess.STDOUT,
