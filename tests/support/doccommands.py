@@ -64,14 +64,17 @@ class Block:
 class Result:
     doc: str
     line: int
-    status: str  # "ok", "skipped", "failed"
+    status: str  # "ok", "skipped", "failed", "not run"
     detail: str = ""
+    seconds: float = 0.0
+    output: str = ""  # what the block printed (stdout and stderr, the end of it)
 
 
 @dataclass
 class Report:
     results: list[Result] = field(default_factory=list)
     daemons: dict[str, int | None] = field(default_factory=dict)  # command -> exit status
+    stop_seconds: float = 0.0
 
 
 def shell_blocks(doc: Path) -> list[Block]:
@@ -211,6 +214,7 @@ class Session:
         self.waiting = []
 
     def run_block(self, block: Block) -> Result:
+        printed: list[str] = []
         try:
             for kind, text in _segments(block.text):
                 if kind == "daemon":
@@ -226,6 +230,7 @@ class Session:
                     text=True,
                     timeout=600,
                 )
+                printed.append(out.stdout + out.stderr)
                 if out.returncode != 0:
                     return Result(
                         block.doc,
@@ -237,7 +242,7 @@ class Session:
             self.wait_daemons()
         except (RuntimeError, subprocess.TimeoutExpired) as e:
             return Result(block.doc, block.line, "failed", str(e))
-        return Result(block.doc, block.line, "ok")
+        return Result(block.doc, block.line, "ok", output="".join(printed)[-4000:])
 
     def stop(self) -> dict[str, int | None]:
         codes: dict[str, int | None] = {}
@@ -267,11 +272,15 @@ def run_docs(scratch: Path, docs: list[Path]) -> Report:
                 elif failed:
                     report.results.append(Result(block.doc, block.line, "not run"))
                 else:
+                    t0 = time.monotonic()
                     result = session.run_block(block)
+                    result.seconds = round(time.monotonic() - t0, 2)
                     report.results.append(result)
                     failed = result.status == "failed"
     finally:
+        t0 = time.monotonic()
         report.daemons = session.stop()
+        report.stop_seconds = round(time.monotonic() - t0, 2)
     return report
 
 

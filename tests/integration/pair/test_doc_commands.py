@@ -24,11 +24,6 @@ from tests.support.harness import ROOT
 
 DOCS = ["README.md", "docs/operations.md"]
 MAX_SKIPPED = 4  # "the few that cannot run": systemd, docker, make setup/test
-# Table rows with no run example yet, and why (keep this short; issue 22 follow-up).
-NO_EXAMPLE_YET = {
-    "txrepl subscriber errors retry": "needs a stored apply error; the tour makes none",
-    "txrepl subscriber errors skip": "needs a stored apply error; the tour makes none",
-}
 
 
 def _table_commands() -> list[str]:
@@ -88,10 +83,8 @@ def test_every_command_of_the_operations_table_has_a_run_example() -> None:
     commands = _table_commands()
     assert "txrepl admin mark-valid" in commands  # the parser reads the table
     lines = _run_lines()
-    covered = {c for c in commands if any(_covers(c.split(), t) for t in lines)}
-    missing = [c for c in commands if c not in covered and c not in NO_EXAMPLE_YET]
+    missing = [c for c in commands if not any(_covers(c.split(), t) for t in lines)]
     assert missing == [], f"no run example in {DOCS} for: {missing}"
-    assert not covered & NO_EXAMPLE_YET.keys(), "covered now: drop it from NO_EXAMPLE_YET"
 
 
 def test_skipped_blocks_are_few_and_say_why() -> None:
