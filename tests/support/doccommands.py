@@ -289,6 +289,11 @@ def main(argv: list[str]) -> int:
     if os.environ.get("TXREPL_DOCTEST_NETNS"):
         # Inside `unshare -rn`: only a loopback, down until brought up.
         subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+
+    def _terminate(signum: int, frame: object) -> None:
+        raise SystemExit(f"doccommands: signal {signum}")  # run_docs stops its daemons
+
+    signal.signal(signal.SIGTERM, _terminate)
     report = run_docs(scratch, docs)
     print(json.dumps(asdict(report)))
     return 0
