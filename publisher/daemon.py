@@ -264,7 +264,9 @@ class Publisher:
             else None
         )
         replication = ReplicationService(feeds, self.publications, snapshots)
-        admin = AdminService(cfg.server_name, self.publications, self.registry)
+        admin = AdminService(
+            cfg.server_name, self.publications, self.registry, live=self._live_feeds
+        )
         self.endpoint = GrpcEndpoint(
             cfg.listen,
             [

@@ -3,6 +3,7 @@ and operators can drop or invalidate a subscriber from the command line."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -77,7 +78,9 @@ async def test_vanished_subscriber_is_invalidated_by_retention_and_the_log_shrin
         row = _subscriber(pair, "ghost")
         return row is not None and row.level >= level
 
-    wait_until(acked, 10, "the registry row at the ghost's level")
+    # In a thread: the ghost's ack is written by this event loop, which a blocking
+    # wait here would stall (the flake of the previous fix).
+    await asyncio.to_thread(wait_until, acked, 10, "the registry row at the ghost's level")
     await ghost.close()
 
     _write(pair, 100, 40)  # ~80 KiB in 4 KiB segments; far past max_delta
