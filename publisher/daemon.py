@@ -154,7 +154,7 @@ class PublisherCollector:
 
 def token_book(config: PublisherConfig) -> TokenBook:
     entries = [(h, Principal("admin", "admin")) for h in config.auth.admin_token_hashes]
-    entries += [(h, Principal("publish", "publisher")) for h in config.auth.publish_token_hashes]
+    entries += [(h, Principal(n, "publisher", pubs)) for h, n, pubs in config.auth.publish_grants()]
     entries += [
         (s.token_hash, Principal(s.name, "subscriber", tuple(s.publications)))
         for s in config.subscriber
