@@ -24,7 +24,7 @@ import grpc
 from common.errors import describe_rpc_error
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from common.security import add_client_args, client_channel, client_from_args
+from common.security import ClientTls, add_client_args, client_channel, client_from_args
 
 __all__ = ["Snapshot", "collect", "register", "render", "to_json"]
 
@@ -55,24 +55,18 @@ def collect(
     publisher: str,
     subscriber: str,
     *,
-    tls: Any = None,
-    metadata: tuple[tuple[str, str], ...] = (),
+    tls: ClientTls | None = None,
+    token: str = "",
     timeout: float = 10.0,
 ) -> Snapshot:
-    with client_channel(publisher, tls) as ch:
+    with client_channel(publisher, tls, token=token) as ch:
         admin = rpc.AdminStub(ch)
-        pubs = admin.ListPublications(
-            pb.ListPublicationsRequest(), timeout=timeout, metadata=metadata
-        )
-        subs = admin.ListSubscribers(
-            pb.ListSubscribersRequest(), timeout=timeout, metadata=metadata
-        )
+        pubs = admin.ListPublications(pb.ListPublicationsRequest(), timeout=timeout)
+        subs = admin.ListSubscribers(pb.ListSubscribersRequest(), timeout=timeout)
     snap = Snapshot(time.time(), pubs.publisher, list(pubs.publications), list(subs.subscribers))
     if subscriber:
-        with client_channel(subscriber, tls) as ch:
-            st = rpc.SubscriberControlStub(ch).Status(
-                pb.StatusRequest(), timeout=timeout, metadata=metadata
-            )
+        with client_channel(subscriber, tls, token=token) as ch:
+            st = rpc.SubscriberControlStub(ch).Status(pb.StatusRequest(), timeout=timeout)
         snap.subscriber_name = st.subscriber
         snap.subscriptions = list(st.subscriptions)
     return snap
@@ -238,10 +232,10 @@ def register(sub: Any) -> None:
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    tls, metadata = client_from_args(args)
+    tls, token = client_from_args(args)
 
     def take() -> Snapshot:
-        return collect(args.publisher, args.subscriber, tls=tls, metadata=metadata)
+        return collect(args.publisher, args.subscriber, tls=tls, token=token)
 
     try:
         first = take()

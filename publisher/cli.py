@@ -10,7 +10,7 @@ import grpc
 
 from common.errors import describe_rpc_error
 from common.jsonout import dump
-from common.security import add_client_args, client_channel, client_from_args
+from common.security import add_client_args, channel_from_args
 
 __all__ = ["register"]
 
@@ -92,14 +92,12 @@ def _check(args: argparse.Namespace) -> int:
 def _admin_stub(args: argparse.Namespace) -> Any:
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    tls, metadata = client_from_args(args)
-    args.metadata = metadata
-    return rpc.AdminStub(client_channel(args.publisher, tls))
+    return rpc.AdminStub(channel_from_args(args, args.publisher))
 
 
 def _call(fn: Any, request: Any, args: argparse.Namespace) -> Any:
     try:
-        return fn(request, timeout=10, metadata=args.metadata or None)
+        return fn(request, timeout=10)
     except grpc.RpcError as e:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
