@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -143,59 +144,60 @@ def _publications(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_subscriber(
+    args: argparse.Namespace, method: str, request: Any, says: Callable[[Any], str]
+) -> int:
+    """Call the Admin ``method`` about one subscriber; print ``says(its info)``, or --json."""
+    resp = _call(getattr(_admin_stub(args), method), request, args)
+    if args.json:
+        dump(resp)
+    else:
+        print(says(resp.subscriber))
+    return 0
+
+
 def _mark_valid(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
 
-    resp = _call(
-        _admin_stub(args).MarkValid,
-        pb.MarkValidRequest(
-            publication=args.publication, subscriber=args.subscriber, level=args.level
-        ),
-        args,
+    request = pb.MarkValidRequest(
+        publication=args.publication, subscriber=args.subscriber, level=args.level
     )
-    if args.json:
-        dump(resp)
-        return 0
-    s = resp.subscriber
-    print(f"{s.subscriber} on {s.publication}: valid, level {s.level}")
-    return 0
+    return _one_subscriber(
+        args,
+        "MarkValid",
+        request,
+        lambda s: f"{s.subscriber} on {s.publication}: valid, level {s.level}",
+    )
 
 
 def _drop(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
 
-    resp = _call(
-        _admin_stub(args).DropSubscriber,
-        pb.DropSubscriberRequest(publication=args.publication, subscriber=args.subscriber),
+    request = pb.DropSubscriberRequest(publication=args.publication, subscriber=args.subscriber)
+    return _one_subscriber(
         args,
+        "DropSubscriber",
+        request,
+        lambda s: (
+            f"{s.subscriber} on {s.publication}: dropped (it was at level {s.level}, "
+            f"{s.lag_entries} behind); it no longer holds the log back"
+        ),
     )
-    if args.json:
-        dump(resp)
-        return 0
-    s = resp.subscriber
-    print(
-        f"{s.subscriber} on {s.publication}: dropped (it was at level {s.level}, "
-        f"{s.lag_entries} behind); it no longer holds the log back"
-    )
-    return 0
 
 
 def _invalidate(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
 
-    resp = _call(
-        _admin_stub(args).InvalidateSubscriber,
-        pb.InvalidateSubscriberRequest(
-            publication=args.publication, subscriber=args.subscriber, reason=args.reason
-        ),
+    request = pb.InvalidateSubscriberRequest(
+        publication=args.publication, subscriber=args.subscriber, reason=args.reason
+    )
+    return _one_subscriber(
         args,
+        "InvalidateSubscriber",
+        request,
+        lambda s: (
+            f"{s.subscriber} on {s.publication}: invalid at level {s.level}; it no longer "
+            "holds the log back (re-initialise it: txrepl subscriber reinit, which marks it "
+            "valid)"
+        ),
     )
-    if args.json:
-        dump(resp)
-        return 0
-    s = resp.subscriber
-    print(
-        f"{s.subscriber} on {s.publication}: invalid at level {s.level}; it no longer holds "
-        f"the log back (re-initialise it: txrepl subscriber reinit, which marks it valid)"
-    )
-    return 0

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import socket
 import sys
@@ -19,6 +18,7 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.jsonout import dump
 from common.security import (
     ClientTls,
     add_client_args,
@@ -76,8 +76,6 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
 
@@ -94,7 +92,7 @@ def _control(args: argparse.Namespace) -> int:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        dump(resp)
         return 0
     print(
         f"{'SUBSCRIPTION':<24} {'STATE':<12} {'LEVEL':>10} {'HEAD':>10} {'LAG':>8}  SINCE / ERROR"

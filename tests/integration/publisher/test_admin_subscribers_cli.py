@@ -23,6 +23,7 @@ from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import hash_token
 from tests.support.feedclient import RawSubscriber
 from tests.support.harness import Pair, wait_until
+from tests.support.padded_rows import insert_padded
 
 ADMIN = "admin-token-0123456789"
 GHOST = "ghost-token-0123456789"
@@ -57,14 +58,6 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
         yield pair
     finally:
         pair.stop()
-
-
-def _write(pair: Pair, start: int, count: int) -> None:
-    conn = sqlite3.connect(str(pair.source_path), isolation_level=None)
-    for i in range(start, start + count):  # one entry each
-        conn.execute("INSERT INTO t VALUES (?, ?)", (i, "x" * 2000))
-        time.sleep(0.02)
-    conn.close()
 
 
 def _admin(pair: Pair) -> tuple[grpc.Channel, rpc.AdminStub]:
@@ -141,10 +134,10 @@ async def _ghost_synced_then_gone(pair: Pair) -> int:
     segments) and another subscriber ("current") syncs to it.  Returns the ghost's level.
     (A publication whose every subscriber was dropped is one nobody has synced: it keeps
     its log for a new subscriber, docs/operations.md.)"""
-    _write(pair, 0, 1)
+    insert_padded(pair.source_path, 0, 1)
     wait_until(lambda: _publication(pair).head >= 1, 30, "capture")
     level = await _synced(pair, "ghost", GHOST)
-    _write(pair, 100, 40)
+    insert_padded(pair.source_path, 100, 40)
     _captured(pair, level + 10)
     await _synced(pair, "current", CURRENT)
     time.sleep(1.0)  # several retention passes
@@ -235,7 +228,7 @@ async def test_a_connected_subscriber_is_neither_dropped_nor_invalidated(pair: P
     """While the subscriber's feed is live both commands are refused (stop or pause it
     first), naming it; its row stays valid."""
     assert pair.pub is not None
-    _write(pair, 0, 1)
+    insert_padded(pair.source_path, 0, 1)
     wait_until(lambda: _publication(pair).head >= 1, 30, "capture")
     ghost = await RawSubscriber(pair.pub.address, "ghost", token=GHOST).start()
     try:
