@@ -49,7 +49,7 @@ from typing import Any
 
 import grpc
 
-from common._calltoken import TOKEN_METADATA, with_token
+from common._calltoken import TOKEN_METADATA, aio_token_interceptors, with_token
 from common.config import ConfigError, parse_address
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "ServerTls",
     "TokenBook",
     "add_client_args",
+    "aio_channel_factory",
     "channel_from_args",
     "check_hash",
     "check_listen",
@@ -454,13 +455,20 @@ def client_channel(
 
 
 def aio_channel_factory(
-    tls: ClientTls | None, resolve: Callable[[str], Path] = Path
+    tls: ClientTls | None, resolve: Callable[[str], Path] = Path, *, token: str = ""
 ) -> Callable[[str], grpc.aio.Channel]:
-    """A ``channel_factory`` for asyncio clients; credentials are read once, now."""
+    """The asyncio twin of :func:`client_channel` (the daemon's Sync), as a
+    ``channel_factory``: same options, TLS and token; credentials are read once, now."""
+    options = _options(tls)
+    interceptors = aio_token_interceptors(token)
     if tls is None:
-        return lambda address: grpc.aio.insecure_channel(address, options=_options(None))
+        return lambda address: grpc.aio.insecure_channel(
+            address, options=options, interceptors=interceptors
+        )
     creds = client_credentials(tls, resolve)
-    return lambda address: grpc.aio.secure_channel(address, creds, options=_options(tls))
+    return lambda address: grpc.aio.secure_channel(
+        address, creds, options=options, interceptors=interceptors
+    )
 
 
 # -- where a daemon may listen ------------------------------------------------------------

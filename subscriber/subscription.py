@@ -82,8 +82,9 @@ class SubscriptionRunner:
         self.applier = applier
         self.batch = batch
         self.backoff = backoff
-        # Plaintext unless the caller (the daemon) passes its TLS factory.
-        self.channel_factory = channel_factory or aio_channel_factory(None)
+        # Plaintext unless the caller (the daemon) passes its factory with TLS; the
+        # subscription's token on every call either way.
+        self.channel_factory = channel_factory or aio_channel_factory(None, token=config.token)
         st = applier.load_state()
         self.st = SubscriptionState(self.name, st.level, st.incarnation)
         self._paused = False

@@ -3,6 +3,7 @@ tokens read from files, all through the one client builder (common.security)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sqlite3
@@ -11,17 +12,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from common.client import PublishClient, sql_op
 from common.config import ConfigError
 from common.errors import PermanentError, TransientError
-from common.security import ClientTls, hash_token
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import ClientTls, aio_channel_factory, hash_token
 from tests.support.certs import Certs, make_certs
 from tests.support.harness import Pair
 
 ADMIN = "admin-token-0123456789"
 PUBLISH = "publish-token-0123456789"
+SUB1 = "sub1-token-0123456789"
 TXREPL = str(Path(sys.executable).parent / "txrepl")
 
 
@@ -40,6 +45,9 @@ def secure(tmp_path: Path) -> Iterator[tuple[Pair, Certs]]:
                 "client_ca_file": str(certs.ca),
             },
             "auth": {"admin_token_hashes": [hash_token(ADMIN)]},
+            "subscriber": [
+                {"name": "sub1", "token_hash": hash_token(SUB1), "publications": ["shop"]}
+            ],
         },
     )
     conn = sqlite3.connect(str(pair.source_path), isolation_level=None)
@@ -87,6 +95,39 @@ def test_publish_client_over_mutual_tls_with_a_token_file(secure: tuple[Pair, Ce
         c.publish("shop", [sql_op("SELECT 1")])
     with pytest.raises(ConfigError, match="token_file: cannot read the token"):
         PublishClient(pair.pub.address, token_file=pair.workdir / "missing.token")
+
+
+async def _welcome(address: str, tls: ClientTls, token: str) -> pb.PublisherMessage:
+    """Open Sync through the daemon's channel builder, send a Hello; the first answer."""
+    channel = aio_channel_factory(tls, token=token)(address)
+    async with channel:
+        call = rpc.ReplicationStub(channel).Sync()
+        hello = pb.SubscriberMessage()
+        hello.hello.subscriber = "sub1"
+        hello.hello.publisher = "pub1"
+        hello.hello.publication = "shop"
+        await call.write(hello)
+        try:
+            first = await asyncio.wait_for(call.read(), 10)
+            assert isinstance(first, pb.PublisherMessage)
+            return first
+        finally:
+            call.cancel()
+
+
+async def test_sync_channel_over_mutual_tls_carries_the_token(
+    secure: tuple[Pair, Certs],
+) -> None:
+    """The subscriber daemon's Sync channel (aio_channel_factory, the asyncio twin of
+    client_channel) reaches the mutual-TLS publisher with the token on the call: welcomed;
+    without the token: UNAUTHENTICATED."""
+    pair, certs = secure
+    assert pair.pub is not None
+    first = await _welcome(pair.pub.address, _mtls(certs), SUB1)
+    assert first.HasField("welcome")
+    with pytest.raises(grpc.aio.AioRpcError) as refused:
+        await _welcome(pair.pub.address, _mtls(certs), "")
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
