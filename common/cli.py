@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from importlib.metadata import entry_points
+from importlib.metadata import PackageNotFoundError, entry_points, version
 
 from common.config import ConfigError
 
@@ -29,10 +29,19 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="log format (auto: JSON unless stderr is a terminal)",
     )
+    parser.add_argument("--version", action="version", version=f"txrepl {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for ep in sorted(entry_points(group="txrepl.commands"), key=lambda e: e.name):
         ep.load()(sub)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (package metadata, not a constant here)."""
+    try:
+        return version("txrepl")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

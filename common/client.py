@@ -1,6 +1,7 @@
 """A small Python client for application-controlled publishing (the ``Publish`` RPC).
 
-    with PublishClient("127.0.0.1:7400") as client:
+    with PublishClient("pub.example:7400", tls=ClientTls(ca_file="ca.crt"),
+                       token_file="secrets/publish.token") as client:
         seq = client.publish("shop", [
             schema_op("notes", [("id", "integer"), ("body", "text")], ["id"]),
             insert_op("notes", [1, "hello"]),
@@ -9,12 +10,15 @@
         ])
 
 Everything in one ``publish`` call becomes ONE entry (one seq), applied by every
-subscriber in one target transaction.
+subscriber in one target transaction.  The channel comes from the one client builder,
+``common.security.client_channel``: TLS (mutual with ``cert_file``/``key_file``) when
+``tls`` is given, the token (``token``, or read from ``token_file``) on every call.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -22,9 +26,11 @@ import grpc
 from common.errors import PermanentError, TransientError, describe_rpc_error, is_transient
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import ClientTls, client_channel, read_token_file
 from common.values import encode, parse_declared_type
 
 __all__ = [
+    "ClientTls",
     "PublishClient",
     "call_op",
     "delete_op",
@@ -90,20 +96,35 @@ def call_op(name: str, args: Sequence[object]) -> pb.Op:
 
 
 class PublishClient:
-    def __init__(self, address: str, *, token: str = "", timeout_s: float = 30.0) -> None:
-        self._channel = grpc.insecure_channel(address)
+    """Appends entries through the ``Publish`` RPC.
+
+    ``token_file``: a file holding the publish token (a ConfigError naming it when it
+    cannot be read); ``tls``: None for plaintext (loopback).
+    """
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        token: str = "",
+        token_file: str | Path = "",
+        tls: ClientTls | None = None,
+        timeout_s: float = 30.0,
+    ) -> None:
+        if token and token_file:
+            raise ValueError("PublishClient: give token or token_file, not both")
+        if token_file:
+            token = read_token_file(Path(token_file), "token_file")
+        self._channel = client_channel(address, tls, token=token)
         self._stub = rpc.ReplicationStub(self._channel)
-        self._token = token
         self._timeout = timeout_s
 
     def publish(self, publication: str, ops: Sequence[pb.Op]) -> int:
         """Append ``ops`` as one entry; returns its seq."""
-        metadata = (("x-txrepl-token", self._token),) if self._token else None
         try:
             resp = self._stub.Publish(
                 pb.PublishRequest(publication=publication, ops=list(ops)),
                 timeout=self._timeout,
-                metadata=metadata,
             )
         except grpc.RpcError as e:
             code = e.code() if hasattr(e, "code") else None

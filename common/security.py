@@ -49,6 +49,7 @@ from typing import Any
 
 import grpc
 
+from common._calltoken import TOKEN_METADATA, aio_token_interceptors, with_token
 from common.config import ConfigError, parse_address
 
 __all__ = [
@@ -61,6 +62,8 @@ __all__ = [
     "ServerTls",
     "TokenBook",
     "add_client_args",
+    "aio_channel_factory",
+    "channel_from_args",
     "check_hash",
     "check_listen",
     "client_channel",
@@ -77,7 +80,6 @@ __all__ = [
     "verify_token",
 ]
 
-TOKEN_METADATA = "x-txrepl-token"
 PBKDF2_ITERATIONS = 200_000
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -433,22 +435,40 @@ def _options(tls: ClientTls | None) -> list[tuple[str, Any]]:
 
 
 def client_channel(
-    address: str, tls: ClientTls | None, resolve: Callable[[str], Path] = Path
+    address: str,
+    tls: ClientTls | None,
+    resolve: Callable[[str], Path] = Path,
+    *,
+    token: str = "",
 ) -> grpc.Channel:
-    """A blocking channel (CLI, health checks); TLS when ``tls`` is given."""
+    """THE builder of every blocking client channel (CLI commands, Publish client,
+    snapshot and reinit, health checks): TLS when ``tls`` is given (mutual with its
+    client certificate), and with ``token`` every call carries it as
+    :data:`TOKEN_METADATA`, so no caller builds call metadata itself.  Paths go
+    through ``resolve``; an unreadable file is a ValueError naming it."""
     if tls is None:
-        return grpc.insecure_channel(address, options=_options(None))
-    return grpc.secure_channel(address, client_credentials(tls, resolve), options=_options(tls))
+        channel = grpc.insecure_channel(address, options=_options(None))
+    else:
+        creds = client_credentials(tls, resolve)
+        channel = grpc.secure_channel(address, creds, options=_options(tls))
+    return with_token(channel, token) if token else channel
 
 
 def aio_channel_factory(
-    tls: ClientTls | None, resolve: Callable[[str], Path] = Path
+    tls: ClientTls | None, resolve: Callable[[str], Path] = Path, *, token: str = ""
 ) -> Callable[[str], grpc.aio.Channel]:
-    """A ``channel_factory`` for asyncio clients; credentials are read once, now."""
+    """The asyncio twin of :func:`client_channel` (the daemon's Sync), as a
+    ``channel_factory``: same options, TLS and token; credentials are read once, now."""
+    options = _options(tls)
+    interceptors = aio_token_interceptors(token)
     if tls is None:
-        return lambda address: grpc.aio.insecure_channel(address, options=_options(None))
+        return lambda address: grpc.aio.insecure_channel(
+            address, options=options, interceptors=interceptors
+        )
     creds = client_credentials(tls, resolve)
-    return lambda address: grpc.aio.secure_channel(address, creds, options=_options(tls))
+    return lambda address: grpc.aio.secure_channel(
+        address, creds, options=options, interceptors=interceptors
+    )
 
 
 # -- where a daemon may listen ------------------------------------------------------------
@@ -504,10 +524,9 @@ def add_client_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def client_from_args(
-    args: argparse.Namespace,
-) -> tuple[ClientTls | None, tuple[tuple[str, str], ...]]:
-    """TLS settings and call metadata from the options of :func:`add_client_args`."""
+def client_from_args(args: argparse.Namespace) -> tuple[ClientTls | None, str]:
+    """TLS settings and the token ("" for none) from the options of
+    :func:`add_client_args`; hand both to :func:`client_channel`."""
     tls = None
     if args.tls or args.ca or args.cert:
         tls = ClientTls(args.ca, args.cert, args.key, args.server_name)
@@ -515,8 +534,13 @@ def client_from_args(
         token = read_token_file(Path(args.token_file), "--token-file")
     else:
         token = os.environ.get("TXREPL_TOKEN", "")
-    metadata = ((TOKEN_METADATA, token),) if token else ()
-    return tls, metadata
+    return tls, token
+
+
+def channel_from_args(args: argparse.Namespace, address: str) -> grpc.Channel:
+    """:func:`client_channel` to ``address`` with the options of :func:`add_client_args`."""
+    tls, token = client_from_args(args)
+    return client_channel(address, tls, token=token)
 
 
 def register(sub: Any) -> None:

@@ -13,7 +13,6 @@ for scripts.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -22,9 +21,10 @@ from typing import Any, TextIO
 import grpc
 
 from common.errors import describe_rpc_error
+from common.jsonout import dump, message_dict
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
-from common.security import add_client_args, client_channel, client_from_args
+from common.security import ClientTls, add_client_args, client_channel, client_from_args
 
 __all__ = ["Snapshot", "collect", "register", "render", "to_json"]
 
@@ -55,24 +55,18 @@ def collect(
     publisher: str,
     subscriber: str,
     *,
-    tls: Any = None,
-    metadata: tuple[tuple[str, str], ...] = (),
+    tls: ClientTls | None = None,
+    token: str = "",
     timeout: float = 10.0,
 ) -> Snapshot:
-    with client_channel(publisher, tls) as ch:
+    with client_channel(publisher, tls, token=token) as ch:
         admin = rpc.AdminStub(ch)
-        pubs = admin.ListPublications(
-            pb.ListPublicationsRequest(), timeout=timeout, metadata=metadata
-        )
-        subs = admin.ListSubscribers(
-            pb.ListSubscribersRequest(), timeout=timeout, metadata=metadata
-        )
+        pubs = admin.ListPublications(pb.ListPublicationsRequest(), timeout=timeout)
+        subs = admin.ListSubscribers(pb.ListSubscribersRequest(), timeout=timeout)
     snap = Snapshot(time.time(), pubs.publisher, list(pubs.publications), list(subs.subscribers))
     if subscriber:
-        with client_channel(subscriber, tls) as ch:
-            st = rpc.SubscriberControlStub(ch).Status(
-                pb.StatusRequest(), timeout=timeout, metadata=metadata
-            )
+        with client_channel(subscriber, tls, token=token) as ch:
+            st = rpc.SubscriberControlStub(ch).Status(pb.StatusRequest(), timeout=timeout)
         snap.subscriber_name = st.subscriber
         snap.subscriptions = list(st.subscriptions)
     return snap
@@ -173,30 +167,15 @@ def render(snap: Snapshot, progress: dict[tuple[str, str], Progress], *, bars: b
 
 
 def to_json(snap: Snapshot, progress: dict[tuple[str, str], Progress]) -> dict[str, Any]:
-    from google.protobuf.json_format import MessageToDict
-
-    def d(m: Any) -> dict[str, Any]:
-        out: dict[str, Any] = MessageToDict(
-            m, always_print_fields_with_no_presence=True, preserving_proto_field_name=True
-        )
-        return out
-
+    """The ``--json`` document, in the style of every command (common/jsonout.py)."""
     subscribers = []
     for s in snap.subscribers:
-        row = d(s)
-        # MessageToDict writes 64-bit integers as strings; scripts want numbers.
-        for k in ("level", "lag_entries", "cuts", "last_ack_us", "connected_since_us"):
-            row[k] = int(row[k])
+        row = message_dict(s)
         prog = progress.get((s.publication, s.subscriber), Progress())
         row["rate_entries_per_s"] = prog.rate
         row["eta_s"] = prog.eta_s
         subscribers.append(row)
-    publications = []
-    for p in snap.publications:
-        row = d(p)
-        for k in ("head", "first_retained", "log_bytes"):
-            row[k] = int(row[k])
-        publications.append(row)
+    publications = [message_dict(p) for p in snap.publications]
     out: dict[str, Any] = {
         "at": snap.at,
         "publisher": snap.publisher,
@@ -206,9 +185,7 @@ def to_json(snap: Snapshot, progress: dict[tuple[str, str], Progress]) -> dict[s
     if snap.subscriber_name:
         subs = []
         for t in snap.subscriptions:
-            row = d(t)
-            for k in ("level", "head", "applied_entries", "applied_rows"):
-                row[k] = int(row[k])
+            row = message_dict(t)
             row.pop("timeline", None)
             subs.append(row)
         out["subscriber"] = {"name": snap.subscriber_name, "subscriptions": subs}
@@ -238,10 +215,10 @@ def register(sub: Any) -> None:
 
 def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
-    tls, metadata = client_from_args(args)
+    tls, token = client_from_args(args)
 
     def take() -> Snapshot:
-        return collect(args.publisher, args.subscriber, tls=tls, metadata=metadata)
+        return collect(args.publisher, args.subscriber, tls=tls, token=token)
 
     try:
         first = take()
@@ -256,7 +233,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(to_json(last, progress), indent=2), file=out)
+        dump(to_json(last, progress), out)
     else:
         print(render(last, progress), file=out)
     return 0

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from common.errors import describe_rpc_error
-from common.security import add_client_args, client_channel, client_from_args
+from common.jsonout import dump
+from common.security import add_client_args, channel_from_args
 
 __all__ = ["register"]
 
@@ -39,8 +40,25 @@ def register(sub: Any) -> None:
     mv.add_argument("publication")
     mv.add_argument("subscriber")
     mv.add_argument("--level", type=int, default=0, help="set its level too (after a reinit)")
+    mv.add_argument("--json", action="store_true")
     mv.set_defaults(func=_mark_valid)
-    for leaf in (subs, pubs, mv):
+    drop = asub.add_parser(
+        "drop-subscriber",
+        help="remove a subscriber's registry row, so it no longer holds the log back",
+    )
+    drop.add_argument("publication")
+    drop.add_argument("subscriber")
+    drop.add_argument("--json", action="store_true")
+    drop.set_defaults(func=_drop)
+    inv = asub.add_parser(
+        "invalidate", help="mark a subscriber invalid: it stops holding the log, needs a reinit"
+    )
+    inv.add_argument("publication")
+    inv.add_argument("subscriber")
+    inv.add_argument("--reason", default="", help="recorded with the invalidation")
+    inv.add_argument("--json", action="store_true")
+    inv.set_defaults(func=_invalidate)
+    for leaf in (subs, pubs, mv, drop, inv):
         # Also after the action (`txrepl admin subscribers --publisher H:P`); given in
         # neither place, the default above holds.
         leaf.add_argument(
@@ -75,22 +93,18 @@ def _check(args: argparse.Namespace) -> int:
 def _admin_stub(args: argparse.Namespace) -> Any:
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    tls, metadata = client_from_args(args)
-    args.metadata = metadata
-    return rpc.AdminStub(client_channel(args.publisher, tls))
+    return rpc.AdminStub(channel_from_args(args, args.publisher))
 
 
 def _call(fn: Any, request: Any, args: argparse.Namespace) -> Any:
     try:
-        return fn(request, timeout=10, metadata=args.metadata or None)
+        return fn(request, timeout=10)
     except grpc.RpcError as e:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         raise SystemExit(1) from None
 
 
 def _subscribers(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from common.rpc import txrepl_pb2 as pb
 
     resp = _call(
@@ -99,7 +113,7 @@ def _subscribers(args: argparse.Namespace) -> int:
         args,
     )
     if args.json:
-        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        dump(resp)
         return 0
     header = f"{'PUBLICATION':<16} {'SUBSCRIBER':<16} {'LEVEL':>10} {'LAG':>8} {'LAG S':>8} "
     header += f"{'STATE':<12} {'VALID':<5} {'CUTS':>4}  LAST CUT / INVALID REASON"
@@ -114,13 +128,11 @@ def _subscribers(args: argparse.Namespace) -> int:
 
 
 def _publications(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from common.rpc import txrepl_pb2 as pb
 
     resp = _call(_admin_stub(args).ListPublications, pb.ListPublicationsRequest(), args)
     if args.json:
-        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        dump(resp)
         return 0
     print(f"publisher {resp.publisher}")
     print(f"{'PUBLICATION':<16} {'HEAD':>10} {'FIRST':>10} {'LOG BYTES':>12}  TABLES")
@@ -132,16 +144,60 @@ def _publications(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_subscriber(
+    args: argparse.Namespace, method: str, request: Any, says: Callable[[Any], str]
+) -> int:
+    """Call the Admin ``method`` about one subscriber; print ``says(its info)``, or --json."""
+    resp = _call(getattr(_admin_stub(args), method), request, args)
+    if args.json:
+        dump(resp)
+    else:
+        print(says(resp.subscriber))
+    return 0
+
+
 def _mark_valid(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
 
-    resp = _call(
-        _admin_stub(args).MarkValid,
-        pb.MarkValidRequest(
-            publication=args.publication, subscriber=args.subscriber, level=args.level
-        ),
-        args,
+    request = pb.MarkValidRequest(
+        publication=args.publication, subscriber=args.subscriber, level=args.level
     )
-    s = resp.subscriber
-    print(f"{s.subscriber} on {s.publication}: valid, level {s.level}")
-    return 0
+    return _one_subscriber(
+        args,
+        "MarkValid",
+        request,
+        lambda s: f"{s.subscriber} on {s.publication}: valid, level {s.level}",
+    )
+
+
+def _drop(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+
+    request = pb.DropSubscriberRequest(publication=args.publication, subscriber=args.subscriber)
+    return _one_subscriber(
+        args,
+        "DropSubscriber",
+        request,
+        lambda s: (
+            f"{s.subscriber} on {s.publication}: dropped (it was at level {s.level}, "
+            f"{s.lag_entries} behind); it no longer holds the log back"
+        ),
+    )
+
+
+def _invalidate(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+
+    request = pb.InvalidateSubscriberRequest(
+        publication=args.publication, subscriber=args.subscriber, reason=args.reason
+    )
+    return _one_subscriber(
+        args,
+        "InvalidateSubscriber",
+        request,
+        lambda s: (
+            f"{s.subscriber} on {s.publication}: invalid at level {s.level}; it no longer "
+            "holds the log back (re-initialise it: txrepl subscriber reinit, which marks it "
+            "valid)"
+        ),
+    )

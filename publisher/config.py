@@ -30,7 +30,10 @@ Operations (see docs/operations.md)::
 
     [auth]
     admin_token_hashes = ["sha256:..."]   # txrepl token hash
-    publish_token_hashes = []
+
+    [auth.publish.orders-app]             # a Publish token, granted per publication
+    token_hash = "sha256:..."
+    publications = ["shop"]               # or ["*"]
 
     [[subscriber]]
     name = "sub1"
@@ -54,6 +57,7 @@ __all__ = [
     "AuthConfig",
     "LogSettings",
     "PublicationConfig",
+    "PublishGrant",
     "PublisherConfig",
     "SubscriberGrant",
     "load_config",
@@ -110,15 +114,50 @@ class PublicationConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class PublishGrant:
+    """``[auth.publish.<name>]``: one Publish token (hashed) and the publications it
+    may append to."""
+
+    token_hash: str
+    publications: list[str]
+
+    def __post_init__(self) -> None:
+        check_hash(self.token_hash)
+        if not self.publications:
+            raise ValueError(
+                'publications is empty: list the publications this token may publish to (["*"]'
+                " for every one)"
+            )
+        for p in self.publications:
+            if p != "*":
+                _check_name("publication name", p)
+
+
+@dataclasses.dataclass(frozen=True)
 class AuthConfig:
-    """Hashed credentials for the Admin service and the Publish RPC."""
+    """Hashed credentials for the Admin service and the Publish RPC.
+
+    ``publish``: Publish tokens by name, each granted its publications.  The older
+    ``publish_token_hashes`` still works and grants every publication (as
+    ``publications = ["*"]`` would); prefer ``[auth.publish.<name>]``.
+    """
 
     admin_token_hashes: list[str] = dataclasses.field(default_factory=list)
     publish_token_hashes: list[str] = dataclasses.field(default_factory=list)
+    publish: dict[str, PublishGrant] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for h in (*self.admin_token_hashes, *self.publish_token_hashes):
             check_hash(h)
+        for name in self.publish:
+            _check_name("auth.publish name", name)
+
+    def publish_grants(self) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(token hash, grant name, publications) of every Publish token."""
+        grants: list[tuple[str, str, tuple[str, ...]]]
+        grants = [(h, "publish", ("*",)) for h in self.publish_token_hashes]
+        grants += [(g.token_hash, n, tuple(g.publications)) for n, g in self.publish.items()]
+        return grants
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +242,13 @@ class PublisherConfig:
             unknown = [p for p in s.publications if p != "*" and p not in published]
             if unknown:
                 raise ValueError(f"subscriber[{i}].publications: unknown publication(s) {unknown}")
+        for name, g in self.auth.publish.items():
+            unknown = [p for p in g.publications if p != "*" and p not in published]
+            if unknown:
+                raise ValueError(
+                    f"auth.publish.{name}.publications: unknown publication(s) {unknown} "
+                    f"(known: {sorted(published)})"
+                )
         if self.auth_enabled and not self.auth.admin_token_hashes:
             raise ValueError(
                 "auth.admin_token_hashes: tokens are configured, so Admin calls need an admin "
@@ -213,7 +259,7 @@ class PublisherConfig:
     def auth_enabled(self) -> bool:
         """Any token configured: every call (publisher.service.AUTH_RULES) must carry one."""
         a = self.auth
-        return bool(a.admin_token_hashes or a.publish_token_hashes or self.subscriber)
+        return bool(a.admin_token_hashes or a.publish_token_hashes or a.publish or self.subscriber)
 
     def path(self, value: str) -> Path:
         """Resolve a path from the config relative to the config file's directory."""

@@ -154,7 +154,7 @@ class PublisherCollector:
 
 def token_book(config: PublisherConfig) -> TokenBook:
     entries = [(h, Principal("admin", "admin")) for h in config.auth.admin_token_hashes]
-    entries += [(h, Principal("publish", "publisher")) for h in config.auth.publish_token_hashes]
+    entries += [(h, Principal(n, "publisher", pubs)) for h, n, pubs in config.auth.publish_grants()]
     entries += [
         (s.token_hash, Principal(s.name, "subscriber", tuple(s.publications)))
         for s in config.subscriber
@@ -264,7 +264,9 @@ class Publisher:
             else None
         )
         replication = ReplicationService(feeds, self.publications, snapshots)
-        admin = AdminService(cfg.server_name, self.publications, self.registry)
+        admin = AdminService(
+            cfg.server_name, self.publications, self.registry, live=self._live_feeds
+        )
         self.endpoint = GrpcEndpoint(
             cfg.listen,
             [

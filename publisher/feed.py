@@ -406,17 +406,19 @@ class FeedManager:
                 msg.batch.first_seq = next_seq
                 msg.batch.entries.extend(payloads)
                 msg.batch.head = head
+                # Counted as sent before the write: the subscriber may ack it before
+                # the write returns here, and an ack beyond last_sent is ignored.
+                next_seq += len(payloads)
+                feed.last_sent = next_seq - 1
+                size = sum(map(len, payloads))
+                feed.inflight.append((feed.last_sent, size))
+                feed.inflight_bytes += size
                 if not await self._send(feed, context, msg):
                     return self._cut(
                         feed,
                         pb.CUT_KIND_SEND_TIMEOUT,
                         f"send timeout: a send blocked more than {cfg.send_timeout_s}s",
                     )
-                next_seq += len(payloads)
-                feed.last_sent = next_seq - 1
-                size = sum(map(len, payloads))
-                feed.inflight.append((feed.last_sent, size))
-                feed.inflight_bytes += size
                 if (
                     feed.state == "in_sync"
                     and cfg.queue_threshold_bytes

@@ -182,6 +182,25 @@ class Registry:
         self._update(publication, subscriber, **values)
         self.set_state(publication, subscriber, "disconnected", "marked valid by an operator")
 
+    def drop(self, publication: str, subscriber: str) -> SubscriberRow | None:
+        """Delete the subscriber's row (it then holds no log back); the row as it was,
+        None when there was none.  The timeline keeps a "dropped" transition."""
+        with self._lock, self.engine.begin() as c:
+            row = c.execute(sa.select(subscribers).where(_key(publication, subscriber))).first()
+            if row is None:
+                return None
+            c.execute(subscribers.delete().where(_key(publication, subscriber)))
+            c.execute(
+                transitions.insert().values(
+                    publication=publication,
+                    subscriber=subscriber,
+                    at=time.time(),
+                    state="dropped",
+                    reason="dropped by an operator",
+                )
+            )
+        return _row(row)
+
     def end_waiver(self, publication: str, subscriber: str) -> None:
         self._update(publication, subscriber, waive_delta=False)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from typing import Any
 
 import grpc
@@ -188,11 +188,16 @@ def subscriber_info(row: SubscriberRow, pub: Publication | None) -> pb.Subscribe
 
 class AdminService(rpc.AdminServicer):
     def __init__(
-        self, server_name: str, publications: Mapping[str, Publication], registry: Registry
+        self,
+        server_name: str,
+        publications: Mapping[str, Publication],
+        registry: Registry,
+        live: Callable[[], Collection[tuple[str, str]]] = frozenset,
     ) -> None:
         self.server_name = server_name
         self.publications = publications
         self.registry = registry
+        self.live = live  # (publication, subscriber) pairs with a feed open now
 
     async def ListPublications(
         self,
@@ -229,26 +234,44 @@ class AdminService(rpc.AdminServicer):
             out.subscribers.append(subscriber_info(row, self.publications.get(row.publication)))
         return out
 
+    async def _row(
+        self, publication: str, subscriber: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> tuple[Publication, SubscriberRow]:
+        """The publication and the registry row an operator names, or the call ends
+        with INVALID_ARGUMENT / NOT_FOUND naming what is known."""
+        problem = overlong(publication=publication, subscriber=subscriber)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        pub = await _publication(self.publications, publication, context)
+        row = await asyncio.to_thread(self.registry.get, publication, subscriber)
+        if row is None:
+            rows = await asyncio.to_thread(self.registry.list_subscribers, publication)
+            known = ", ".join(r.subscriber for r in rows) or "none"
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"subscriber {subscriber!r} has never synced {publication!r} "
+                f"(subscribers of {publication!r}: {known})",
+            )
+        assert row is not None
+        return pub, row
+
+    async def _not_live(
+        self, row: SubscriberRow, action: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> None:
+        """End the call (FAILED_PRECONDITION) when ``row``'s subscriber has a live feed."""
+        if (row.publication, row.subscriber) in self.live():
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"subscriber {row.subscriber!r} is connected to {row.publication!r} now "
+                f"(state {row.state}): stop it or pause its subscription, then {action} it",
+            )
+
     async def MarkValid(
         self,
         request: pb.MarkValidRequest,
         context: grpc.aio.ServicerContext[pb.MarkValidRequest, pb.MarkValidResponse],
     ) -> pb.MarkValidResponse:
-        problem = overlong(publication=request.publication, subscriber=request.subscriber)
-        if problem:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-        pub = self.publications.get(request.publication)
-        if pub is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND, f"publication {request.publication!r} not found"
-            )
-        assert pub is not None
-        row = await asyncio.to_thread(self.registry.get, request.publication, request.subscriber)
-        if row is None:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"subscriber {request.subscriber!r} has never synced {request.publication!r}",
-            )
+        pub, _ = await self._row(request.publication, request.subscriber, context)
         if request.level and request.level > pub.log.head:
             await context.abort(
                 grpc.StatusCode.OUT_OF_RANGE,
@@ -268,3 +291,46 @@ class AdminService(rpc.AdminServicer):
         row = await asyncio.to_thread(self.registry.get, request.publication, request.subscriber)
         assert row is not None
         return pb.MarkValidResponse(subscriber=subscriber_info(row, pub))
+
+    async def DropSubscriber(
+        self,
+        request: pb.DropSubscriberRequest,
+        context: grpc.aio.ServicerContext[pb.DropSubscriberRequest, pb.DropSubscriberResponse],
+    ) -> pb.DropSubscriberResponse:
+        pub, row = await self._row(request.publication, request.subscriber, context)
+        await self._not_live(row, "drop", context)
+        dropped = await asyncio.to_thread(self.registry.drop, pub.name, row.subscriber)
+        if dropped is None:  # dropped by a concurrent call meanwhile: report the row we saw
+            dropped = row
+        log.warning(
+            "subscriber dropped by an operator",
+            publication=pub.name,
+            subscriber=row.subscriber,
+            sync_level=dropped.level,
+            head=pub.log.head,
+        )
+        return pb.DropSubscriberResponse(subscriber=subscriber_info(dropped, pub))
+
+    async def InvalidateSubscriber(
+        self,
+        request: pb.InvalidateSubscriberRequest,
+        context: grpc.aio.ServicerContext[
+            pb.InvalidateSubscriberRequest, pb.InvalidateSubscriberResponse
+        ],
+    ) -> pb.InvalidateSubscriberResponse:
+        pub, row = await self._row(request.publication, request.subscriber, context)
+        await self._not_live(row, "invalidate", context)
+        problem = overlong(reason=request.reason)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        reason = "invalidated by an operator" + (f": {request.reason}" if request.reason else "")
+        await asyncio.to_thread(self.registry.mark_invalid, pub.name, row.subscriber, reason)
+        log.warning(
+            "subscriber invalidated by an operator",
+            publication=pub.name,
+            subscriber=row.subscriber,
+            sync_level=row.level,
+            reason=reason,
+        )
+        after = await asyncio.to_thread(self.registry.get, pub.name, row.subscriber)
+        return pb.InvalidateSubscriberResponse(subscriber=subscriber_info(after or row, pub))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import socket
 import sys
@@ -19,12 +18,12 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.jsonout import dump
 from common.security import (
-    TOKEN_METADATA,
     ClientTls,
     add_client_args,
+    channel_from_args,
     client_channel,
-    client_from_args,
     read_token_file,
 )
 from subscriber import errors_cli
@@ -78,29 +77,23 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _control(args: argparse.Namespace) -> int:
-    from google.protobuf.json_format import MessageToDict
-
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    tls, metadata = client_from_args(args)
-    stub = rpc.SubscriberControlStub(client_channel(args.control, tls))
-    md = metadata or None
+    stub = rpc.SubscriberControlStub(channel_from_args(args, args.control))
     try:
         if args.control_action == "status":
-            resp: Any = stub.Status(pb.StatusRequest(), timeout=10, metadata=md)
+            resp: Any = stub.Status(pb.StatusRequest(), timeout=10)
         else:
             method = {"pause": stub.Pause, "resume": stub.Resume, "reconnect": stub.Reconnect}[
                 args.control_action
             ]
-            resp = method(
-                pb.SubscriptionRequest(subscription=args.subscription), timeout=10, metadata=md
-            )
+            resp = method(pb.SubscriptionRequest(subscription=args.subscription), timeout=10)
     except grpc.RpcError as e:
         print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
+        dump(resp)
         return 0
     print(
         f"{'SUBSCRIPTION':<24} {'STATE':<12} {'LEVEL':>10} {'HEAD':>10} {'LAG':>8}  SINCE / ERROR"
@@ -187,28 +180,29 @@ def _reinit(args: argparse.Namespace) -> int:
     control_tls = None
     if cfg.tls.enabled:  # the control port speaks TLS (mutual with client_ca_file)
         control_tls = ClientTls(args.control_ca, args.control_cert, args.control_key)
+    control_token = ""
+    if args.control_token_file:
+        control_token = read_token_file(Path(args.control_token_file), "--control-token-file")
     try:
-        control = rpc.SubscriberControlStub(client_channel(control_addr, control_tls))
+        control = rpc.SubscriberControlStub(
+            client_channel(control_addr, control_tls, token=control_token)
+        )
     except ValueError as e:
         print(f"txrepl: --control-ca/--control-cert/--control-key: {e}", file=sys.stderr)
         return 2
-    control_md = None
-    if args.control_token_file:
-        token = read_token_file(Path(args.control_token_file), "--control-token-file")
-        control_md = ((TOKEN_METADATA, token),)
     admin_token = args.admin_token
     if args.admin_token_file:
         admin_token = read_token_file(Path(args.admin_token_file), "--admin-token-file")
     resolve_token(sc, cfg)  # an unreadable token_file stops here, before the daemon pauses
     daemon_running = True
     try:
-        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
+        control.Pause(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
         print(f"paused {sc.id} on the running subscriber ({control_addr})")
     except grpc.RpcError as e:
         # A daemon that answers (or only listens: TLS refused) but did not pause:
         # loading under it would race its apply.
         if e.code() != grpc.StatusCode.UNAVAILABLE or _listening(control_addr):
-            hint = "" if control_md else " (its control token: --control-token-file)"
+            hint = "" if control_token else " (its control token: --control-token-file)"
             if e.code() == grpc.StatusCode.UNAVAILABLE:
                 hint = " (a TLS control port: --control-ca, --control-cert/--control-key)"
             print(
@@ -245,21 +239,20 @@ def _reinit(args: argparse.Namespace) -> int:
             spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")
     if not args.no_mark_valid:
-        admin = rpc.AdminStub(publisher_channel(cfg, sc))  # the subscription's TLS
-        md = ((TOKEN_METADATA, admin_token),) if admin_token else None
+        # The subscription's TLS, the publisher's admin token.
+        admin = rpc.AdminStub(publisher_channel(cfg, sc, token=admin_token))
         try:
             admin.MarkValid(
                 pb.MarkValidRequest(
                     publication=sc.publication, subscriber=cfg.server_name, level=seq
                 ),
                 timeout=10,
-                metadata=md,
             )
         except grpc.RpcError as e:
             print(f"txrepl: mark-valid failed: {describe_rpc_error(e)}", file=sys.stderr)
             return 1
         print(f"marked {cfg.server_name} valid on {sc.publisher} at level {seq}")
     if daemon_running:
-        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5, metadata=control_md)
+        control.Resume(pb.SubscriptionRequest(subscription=sc.id), timeout=5)
         print(f"resumed {sc.id}")
     return 0

@@ -193,13 +193,14 @@ class Subscriber:
             writer = open_writer(cfg.target_url, cfg.apply)
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
             applier.configure(cfg.apply)  # error policy, retries, transforms, history
+            sub = resolve_token(sc, cfg)
             self.runners[sc.id] = SubscriptionRunner(
-                resolve_token(sc, cfg),
+                sub,
                 cfg.server_name,
                 applier,
                 batch=cfg.batch,
                 backoff=cfg.backoff,
-                channel_factory=aio_channel_factory(sc.client_tls, cfg.path),
+                channel_factory=aio_channel_factory(sc.client_tls, cfg.path, token=sub.token),
                 # The same builder as ``txrepl subscriber reinit`` (subscriber/targets).
                 snapshot=snapshot_loader(cfg, sc, self.spark),
             )

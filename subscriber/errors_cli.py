@@ -10,10 +10,10 @@ inside the functions defer Spark and the targets' drivers to the command that ru
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
+from common.jsonout import dump
 from subscriber.extra import requires_extra
 
 __all__ = ["register"]
@@ -49,8 +49,8 @@ def _writer(args: argparse.Namespace) -> Any:
 def _list(args: argparse.Namespace) -> int:
     _, writer = _writer(args)
     errors = writer.list_errors(args.subscription)
-    if args.json:
-        print(json.dumps([{**e.__dict__, "entry": e.entry.hex()} for e in errors], indent=2))
+    if args.json:  # the style of every --json (common/jsonout.py): an object at the top
+        dump({"errors": [{**e.__dict__, "entry": e.entry.hex()} for e in errors]})
         return 0
     print(f"{'SUBSCRIPTION':<24} {'SEQ':>10} {'STATUS':<8} {'CREATED':<32} ERROR")
     for e in errors:

@@ -116,8 +116,8 @@ class FeedStream:
         self, channel: grpc.aio.Channel, config: SubscriptionConfig, interrupted: asyncio.Event
     ) -> None:
         self.config = config
-        metadata = (("x-txrepl-token", config.token),) if config.token else None
-        self.call: Call = rpc.ReplicationStub(channel).Sync(metadata=metadata)
+        # The token rides on the channel (common.security.aio_channel_factory).
+        self.call: Call = rpc.ReplicationStub(channel).Sync()
         self._interrupted = interrupted
 
     async def hello(self, subscriber: str, state: SubscriptionState) -> pb.Welcome:

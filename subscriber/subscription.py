@@ -37,6 +37,7 @@ import structlog
 from common.backoff import Backoff
 from common.errors import describe_rpc_error
 from common.rpc import txrepl_pb2 as pb
+from common.security import aio_channel_factory
 from subscriber.apply import Applier, ApplyError
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig, SubscriptionConfig
@@ -60,16 +61,6 @@ log = structlog.get_logger(__name__)
 _LONG = 3600  # seconds to wait for an operator (cut short by reconnect/resume/stop)
 
 
-def _default_channel(addr: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(
-        addr,
-        options=[
-            ("grpc.max_receive_message_length", 64 * 1024 * 1024),
-            ("grpc.keepalive_time_ms", 20_000),
-        ],
-    )
-
-
 class SubscriptionRunner:
     """Keeps one subscription connected, applying, and observable."""
 
@@ -91,7 +82,9 @@ class SubscriptionRunner:
         self.applier = applier
         self.batch = batch
         self.backoff = backoff
-        self.channel_factory = channel_factory or _default_channel
+        # Plaintext unless the caller (the daemon) passes its factory with TLS; the
+        # subscription's token on every call either way.
+        self.channel_factory = channel_factory or aio_channel_factory(None, token=config.token)
         st = applier.load_state()
         self.st = SubscriptionState(self.name, st.level, st.incarnation)
         self._paused = False

@@ -1218,6 +1218,107 @@ class MarkValidResponse(_message.Message):
 Global___MarkValidResponse: _TypeAlias = MarkValidResponse  # noqa: Y015
 
 @_typing.final
+class DropSubscriberRequest(_message.Message):
+    """Remove a subscriber's registry row: it no longer holds the log back.  Its
+    token grant (publisher config) is untouched; if it syncs again it starts as a
+    new subscriber (a snapshot when its next entry was purged).  Refused
+    (FAILED_PRECONDITION) while it has a live feed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_FIELD_NUMBER: _builtins.int
+    publication: _builtins.str
+    subscriber: _builtins.str
+    def __init__(
+        self,
+        *,
+        publication: _builtins.str = ...,
+        subscriber: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publication", b"publication", "subscriber", b"subscriber"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSubscriberRequest: _TypeAlias = DropSubscriberRequest  # noqa: Y015
+
+@_typing.final
+class DropSubscriberResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIBER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriber(self) -> Global___SubscriberInfo:
+        """the row as it was before the drop"""
+
+    def __init__(
+        self,
+        *,
+        subscriber: Global___SubscriberInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscriber", b"subscriber"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriber", b"subscriber"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSubscriberResponse: _TypeAlias = DropSubscriberResponse  # noqa: Y015
+
+@_typing.final
+class InvalidateSubscriberRequest(_message.Message):
+    """Mark a subscriber invalid: it no longer holds the log back and must be
+    re-initialised (txrepl subscriber reinit) before it syncs again.  Refused
+    (FAILED_PRECONDITION) while it has a live feed.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    SUBSCRIBER_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    publication: _builtins.str
+    subscriber: _builtins.str
+    reason: _builtins.str
+    """recorded with the invalidation; empty = a default"""
+    def __init__(
+        self,
+        *,
+        publication: _builtins.str = ...,
+        subscriber: _builtins.str = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publication", b"publication", "reason", b"reason", "subscriber", b"subscriber"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvalidateSubscriberRequest: _TypeAlias = InvalidateSubscriberRequest  # noqa: Y015
+
+@_typing.final
+class InvalidateSubscriberResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIBER_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def subscriber(self) -> Global___SubscriberInfo: ...
+    def __init__(
+        self,
+        *,
+        subscriber: Global___SubscriberInfo | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["subscriber", b"subscriber"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["subscriber", b"subscriber"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InvalidateSubscriberResponse: _TypeAlias = InvalidateSubscriberResponse  # noqa: Y015
+
+@_typing.final
 class StateChange(_message.Message):
     """---------------------------------------------------------------------------
     Subscriber control

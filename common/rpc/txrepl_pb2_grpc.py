@@ -213,6 +213,16 @@ class AdminStub:
                 request_serializer=txrepl__pb2.MarkValidRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.MarkValidResponse.FromString,
                 _registered_method=True)
+        self.DropSubscriber = channel.unary_unary(
+                '/txrepl.v1.Admin/DropSubscriber',
+                request_serializer=txrepl__pb2.DropSubscriberRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.DropSubscriberResponse.FromString,
+                _registered_method=True)
+        self.InvalidateSubscriber = channel.unary_unary(
+                '/txrepl.v1.Admin/InvalidateSubscriber',
+                request_serializer=txrepl__pb2.InvalidateSubscriberRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.InvalidateSubscriberResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -236,6 +246,18 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DropSubscriber(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def InvalidateSubscriber(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -253,6 +275,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.MarkValid,
                     request_deserializer=txrepl__pb2.MarkValidRequest.FromString,
                     response_serializer=txrepl__pb2.MarkValidResponse.SerializeToString,
+            ),
+            'DropSubscriber': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropSubscriber,
+                    request_deserializer=txrepl__pb2.DropSubscriberRequest.FromString,
+                    response_serializer=txrepl__pb2.DropSubscriberResponse.SerializeToString,
+            ),
+            'InvalidateSubscriber': grpc.unary_unary_rpc_method_handler(
+                    servicer.InvalidateSubscriber,
+                    request_deserializer=txrepl__pb2.InvalidateSubscriberRequest.FromString,
+                    response_serializer=txrepl__pb2.InvalidateSubscriberResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -336,6 +368,60 @@ class Admin:
             '/txrepl.v1.Admin/MarkValid',
             txrepl__pb2.MarkValidRequest.SerializeToString,
             txrepl__pb2.MarkValidResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropSubscriber(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.Admin/DropSubscriber',
+            txrepl__pb2.DropSubscriberRequest.SerializeToString,
+            txrepl__pb2.DropSubscriberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InvalidateSubscriber(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.Admin/InvalidateSubscriber',
+            txrepl__pb2.InvalidateSubscriberRequest.SerializeToString,
+            txrepl__pb2.InvalidateSubscriberResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -99,6 +99,8 @@ class AdminStub:
     ListPublications: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.ListPublicationsRequest, _txrepl_pb2.ListPublicationsResponse]
     ListSubscribers: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.ListSubscribersRequest, _txrepl_pb2.ListSubscribersResponse]
     MarkValid: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.MarkValidRequest, _txrepl_pb2.MarkValidResponse]
+    DropSubscriber: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.DropSubscriberRequest, _txrepl_pb2.DropSubscriberResponse]
+    InvalidateSubscriber: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.InvalidateSubscriberRequest, _txrepl_pb2.InvalidateSubscriberResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -106,6 +108,8 @@ class AdminAsyncStub(AdminStub):
     ListPublications: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.ListPublicationsRequest, _txrepl_pb2.ListPublicationsResponse]  # type: ignore[assignment]
     ListSubscribers: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.ListSubscribersRequest, _txrepl_pb2.ListSubscribersResponse]  # type: ignore[assignment]
     MarkValid: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.MarkValidRequest, _txrepl_pb2.MarkValidResponse]  # type: ignore[assignment]
+    DropSubscriber: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.DropSubscriberRequest, _txrepl_pb2.DropSubscriberResponse]  # type: ignore[assignment]
+    InvalidateSubscriber: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.InvalidateSubscriberRequest, _txrepl_pb2.InvalidateSubscriberResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -128,6 +132,20 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _txrepl_pb2.MarkValidRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_txrepl_pb2.MarkValidResponse, _abc.Awaitable[_txrepl_pb2.MarkValidResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DropSubscriber(
+        self,
+        request: _txrepl_pb2.DropSubscriberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.DropSubscriberResponse, _abc.Awaitable[_txrepl_pb2.DropSubscriberResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def InvalidateSubscriber(
+        self,
+        request: _txrepl_pb2.InvalidateSubscriberRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.InvalidateSubscriberResponse, _abc.Awaitable[_txrepl_pb2.InvalidateSubscriberResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -36,6 +36,7 @@ import grpc
 
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
+from common.security import client_channel
 
 __all__ = ["main"]
 
@@ -234,13 +235,13 @@ class Daemon:
 
 
 def head(pub: Daemon) -> int:
-    with grpc.insecure_channel(pub.address) as ch:
+    with client_channel(pub.address, None) as ch:
         resp = rpc.AdminStub(ch).ListPublications(pb.ListPublicationsRequest(), timeout=10)
     return next((int(p.head) for p in resp.publications if p.name == "shop"), 0)
 
 
 def status(sub: Daemon) -> pb.SubscriptionStatus:
-    with grpc.insecure_channel(sub.address) as ch:
+    with client_channel(sub.address, None) as ch:
         resp = rpc.SubscriberControlStub(ch).Status(pb.StatusRequest(), timeout=10)
     (st,) = resp.subscriptions
     return st

@@ -75,7 +75,6 @@ def load_into(
     subscriber: str,
     spark: SparkSession | None = None,
     channel: grpc.Channel | None = None,
-    metadata: tuple[tuple[str, str], ...] | None = None,
     on_progress: Callable[[SnapshotProgress], None] | None = None,
     chunk_rows: int = 5000,
     tables: Mapping[str, TableOptions] | None = None,
@@ -86,8 +85,8 @@ def load_into(
     per-table options (``ApplyOptions.tables``); a table with transforms is loaded
     shaped (``spark`` required), one in history mode raises
     :class:`SnapshotRefused` before anything is written.  ``channel``: the caller's
-    (TLS, built by ``subscriber.targets.publisher_channel``); without it a plaintext
-    one to ``address``.
+    (TLS and token, built by ``subscriber.targets.publisher_channel``); without it a
+    plaintext one to ``address``, with no token.
     """
     own = channel is None
     progress = SnapshotProgress()
@@ -99,7 +98,6 @@ def load_into(
             pb.SnapshotRequest(
                 subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
             ),
-            metadata=metadata,
         )
         if sink.prefetch:
             chunks = _prefetch(stream)

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import grpc
 
 from common.dburl import DatabaseUrl, Dialect
-from common.security import TOKEN_METADATA, client_channel, read_token_file
+from common.security import client_channel, read_token_file
 from subscriber.apply import ApplyOptions, SparkSettings, TableOptions, Writer
 from subscriber.config import SubscriberConfig, SubscriptionConfig
 from subscriber.reinit import ShadowLoader, SnapshotError, SnapshotProgress, load_into
@@ -124,7 +124,6 @@ def load_snapshot(
     target: DatabaseUrl | Path | str,
     spark: SparkSession | None = None,
     channel: grpc.Channel | None = None,
-    metadata: tuple[tuple[str, str], ...] | None = None,
     on_progress: Callable[[SnapshotProgress], None] | None = None,
     chunk_rows: int = 5000,
     role: str | None = None,
@@ -151,7 +150,6 @@ def load_snapshot(
         subscriber=subscriber,
         spark=spark,
         channel=channel,
-        metadata=metadata,
         on_progress=on_progress,
         chunk_rows=chunk_rows,
         tables=tables,
@@ -170,11 +168,13 @@ def resolve_token(sc: SubscriptionConfig, config: SubscriberConfig) -> Subscript
     return dataclasses.replace(sc, token=token, token_file="")
 
 
-def publisher_channel(config: SubscriberConfig, sc: SubscriptionConfig) -> grpc.Channel:
+def publisher_channel(
+    config: SubscriberConfig, sc: SubscriptionConfig, *, token: str = ""
+) -> grpc.Channel:
     """A blocking channel to ``sc``'s publisher, with the subscription's TLS settings
-    (``tls``, ``ca_file``, ``cert_file``/``key_file``, ``tls_server_name``): the
-    builder of every client of the CLI and the daemon (common.security)."""
-    return client_channel(sc.address, sc.client_tls, config.path)
+    (``tls``, ``ca_file``, ``cert_file``/``key_file``, ``tls_server_name``) and
+    ``token`` on every call, through the one client builder (common.security)."""
+    return client_channel(sc.address, sc.client_tls, config.path, token=token)
 
 
 def spark_settings(config: SubscriberConfig) -> SparkSettings:
@@ -205,13 +205,12 @@ def snapshot_loader(
     (None where :func:`snapshot_needs_spark` says none is needed).
     """
     sub = resolve_token(sc, config)
-    metadata = ((TOKEN_METADATA, sub.token),) if sub.token else None
     tables = ApplyOptions.from_config(config.apply).tables
     role = config.apply.role or None
 
     def load() -> tuple[str, int]:
         try:
-            channel = publisher_channel(config, sc)
+            channel = publisher_channel(config, sc, token=sub.token)
         except ValueError as e:  # a TLS file missing or unreadable
             raise SnapshotError(f"subscription {sc.id}: {e}") from None
         with channel:
@@ -224,7 +223,6 @@ def snapshot_loader(
                 target=config.target_url,
                 spark=spark,
                 channel=channel,
-                metadata=metadata,
                 on_progress=on_progress,
                 role=role,
                 tables=tables,

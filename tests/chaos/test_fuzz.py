@@ -96,7 +96,7 @@ def _admin_subscribers(address: str) -> list[dict[str, Any]]:
 def _stable(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
     """Registry rows minus the healthy client's and the clock-driven lag_seconds."""
     return {
-        (r["publication"], r["subscriber"]): {k: v for k, v in r.items() if k != "lagSeconds"}
+        (r["publication"], r["subscriber"]): {k: v for k, v in r.items() if k != "lag_seconds"}
         for r in rows
         if r["subscriber"] != "healthy"
     }

@@ -27,6 +27,7 @@ class RawSubscriber:
     incarnation: str = ""
     ack: bool = True
     read: bool = True
+    token: str = ""  # sent as the x-txrepl-token metadata when set
     target: ReferenceTarget = field(default_factory=ReferenceTarget)
     welcome: pb.Welcome | None = None
     in_sync: asyncio.Event = field(default_factory=asyncio.Event)
@@ -51,7 +52,7 @@ class RawSubscriber:
         self.target.level = self.level
         self._channel = grpc.aio.insecure_channel(self.address)
         stub = rpc.ReplicationStub(self._channel)
-        self._call = stub.Sync()
+        self._call = stub.Sync(metadata=(("x-txrepl-token", self.token),) if self.token else None)
         await self._call.write(first if first is not None else self.hello())
         self._task = asyncio.create_task(self._run())
         return self

@@ -3,8 +3,8 @@ and operators can drop or invalidate a subscriber from the command line."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from tests.support.feedclient import RawSubscriber
 from tests.support.harness import Pair, wait_until
+from tests.support.padded_rows import insert_padded
 
 MAX_DELTA = 5
 
@@ -35,14 +36,6 @@ def pair(tmp_path: Path) -> Iterator[Pair]:
         yield pair
     finally:
         pair.stop()
-
-
-def _write(pair: Pair, start: int, count: int) -> None:
-    conn = sqlite3.connect(str(pair.source_path), isolation_level=None)
-    for i in range(start, start + count):  # one entry each: wait for capture between
-        conn.execute("INSERT INTO t VALUES (?, ?)", (i, "x" * 2000))
-        time.sleep(0.02)
-    conn.close()
 
 
 def _publication(pair: Pair) -> pb.PublicationInfo:
@@ -67,7 +60,7 @@ async def test_vanished_subscriber_is_invalidated_by_retention_and_the_log_shrin
     naming publication, subscriber, level and head) and purges the segments it held."""
     assert pair.pub is not None
     head0 = _publication(pair).head
-    _write(pair, 0, 1)
+    insert_padded(pair.source_path, 0, 1)
     wait_until(lambda: _publication(pair).head > head0, 30, "capture")
     ghost = await RawSubscriber(pair.pub.address, "ghost").start()
     level = _publication(pair).head
@@ -77,10 +70,12 @@ async def test_vanished_subscriber_is_invalidated_by_retention_and_the_log_shrin
         row = _subscriber(pair, "ghost")
         return row is not None and row.level >= level
 
-    wait_until(acked, 10, "the registry row at the ghost's level")
+    # In a thread: the ghost's ack is written by this event loop, which a blocking
+    # wait here would stall (the flake of the previous fix).
+    await asyncio.to_thread(wait_until, acked, 10, "the registry row at the ghost's level")
     await ghost.close()
 
-    _write(pair, 100, 40)  # ~80 KiB in 4 KiB segments; far past max_delta
+    insert_padded(pair.source_path, 100, 40)  # ~80 KiB in 4 KiB segments; far past max_delta
     wait_until(lambda: _publication(pair).head > level + 3 * MAX_DELTA, 60, "capture")
 
     wait_until(lambda: _publication(pair).first_retained > level, 30, "retention to purge")

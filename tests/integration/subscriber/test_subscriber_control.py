@@ -56,7 +56,12 @@ def test_pause_resume_reconnect_from_the_cli(tmp_path: Path) -> None:
 
         out = cli("subscriber", "resume", *ctl, "--json")
         assert out.returncode == 0, out.stderr
-        assert json.loads(out.stdout)["subscriptions"][0]["name"] == "pub1.shop"
+        resumed = json.loads(out.stdout)["subscriptions"][0]
+        assert resumed["name"] == "pub1.shop"
+        # The style of every --json (common/jsonout.py): snake_case, numbers as numbers.
+        assert isinstance(resumed["level"], int)
+        assert resumed["level"] >= level
+        assert "last_error" in resumed
         wait_equal(src, pair.target_path, LEDGER_COLUMNS)
         wait_until(lambda: pair.status().state == "in_sync", 30, "in sync after resume")
 
