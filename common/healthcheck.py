@@ -16,7 +16,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.security import ClientTls, add_client_args, client_channel, client_from_args
 
 __all__ = ["check", "main"]
@@ -54,7 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = check(address, args.service, args.timeout, tls=tls)
     except grpc.RpcError as e:
-        print(f"unhealthy: {describe_rpc_error(e)}", file=sys.stderr)
+        # Exit 1 whatever the cause (a container runtime knows only 0 and 1); the
+        # line says what to fix when it is a TLS mismatch.
+        print(f"unhealthy: {rpc_failure(e, plaintext=tls is None)[0]}", file=sys.stderr)
         return 1
     print(status)
     return 0 if status == "SERVING" else 1

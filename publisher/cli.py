@@ -9,7 +9,7 @@ from typing import Any
 
 import grpc
 
-from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.security import add_client_args, client_channel, client_from_args
 
 __all__ = ["register"]
@@ -77,6 +77,7 @@ def _admin_stub(args: argparse.Namespace) -> Any:
 
     tls, metadata = client_from_args(args)
     args.metadata = metadata
+    args.plaintext = tls is None
     return rpc.AdminStub(client_channel(args.publisher, tls))
 
 
@@ -84,8 +85,9 @@ def _call(fn: Any, request: Any, args: argparse.Namespace) -> Any:
     try:
         return fn(request, timeout=10, metadata=args.metadata or None)
     except grpc.RpcError as e:
-        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
-        raise SystemExit(1) from None
+        line, status = rpc_failure(e, plaintext=args.plaintext)
+        print(f"txrepl: {line}", file=sys.stderr)
+        raise SystemExit(status) from None
 
 
 def _subscribers(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import Rule
+from publisher.capture.health import CaptureHealth
 from publisher.errors import SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
@@ -188,11 +189,16 @@ def subscriber_info(row: SubscriberRow, pub: Publication | None) -> pb.Subscribe
 
 class AdminService(rpc.AdminServicer):
     def __init__(
-        self, server_name: str, publications: Mapping[str, Publication], registry: Registry
+        self,
+        server_name: str,
+        publications: Mapping[str, Publication],
+        registry: Registry,
+        capture: CaptureHealth | None = None,
     ) -> None:
         self.server_name = server_name
         self.publications = publications
         self.registry = registry
+        self.capture = capture  # the source's capture health (every publication shares it)
 
     async def ListPublications(
         self,
@@ -200,8 +206,9 @@ class AdminService(rpc.AdminServicer):
         context: grpc.aio.ServicerContext[pb.ListPublicationsRequest, pb.ListPublicationsResponse],
     ) -> pb.ListPublicationsResponse:
         out = pb.ListPublicationsResponse(publisher=self.server_name)
+        cap = self.capture
         for name, pub in sorted(self.publications.items()):
-            out.publications.add(
+            info = out.publications.add(
                 name=name,
                 incarnation=pub.log.incarnation,
                 head=pub.log.head,
@@ -209,6 +216,10 @@ class AdminService(rpc.AdminServicer):
                 log_bytes=pub.log.size_bytes,
                 tables=pub.config.tables,
             )
+            if cap is not None:
+                info.capture_failing = not cap.serving
+                info.capture_failures = cap.failures
+                info.capture_error = cap.last_error if not cap.serving else ""
         return out
 
     async def ListSubscribers(

@@ -19,6 +19,7 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.security import (
     TOKEN_METADATA,
     ClientTls,
@@ -96,8 +97,9 @@ def _control(args: argparse.Namespace) -> int:
                 pb.SubscriptionRequest(subscription=args.subscription), timeout=10, metadata=md
             )
     except grpc.RpcError as e:
-        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
-        return 1
+        line, status = rpc_failure(e, plaintext=tls is None)
+        print(f"txrepl: {line}", file=sys.stderr)
+        return status
     if args.json:
         print(json.dumps(MessageToDict(resp, always_print_fields_with_no_presence=True), indent=2))
         return 0
