@@ -26,10 +26,13 @@ How a TLS mismatch is recognised (grpc reports all of them as UNAVAILABLE):
 - a certificate not trusted, either way: ``CERTIFICATE_VERIFY_FAILED`` (the
   server's certificate is not signed by ``--ca``), or an alert naming the client
   certificate (mutual TLS: no client certificate, or one the server does not trust);
-- a plaintext client against a TLS port: grpc only says "Socket closed", as for
-  any server that hangs up, so the address is probed once with a TLS
-  ClientHello (no verification, 2 s): a server that answers with a TLS
-  handshake is a TLS port.  Only on this failure, so the probe costs nothing
+- a plaintext client against a TLS port, or a TLS client without a certificate
+  against a mutual-TLS port: grpc only says "Socket closed", as for any server
+  that hangs up, so the address is probed once (:func:`probe_tls`: a TLS
+  handshake without verification and one read, 2 s at most): a server that
+  answers the handshake is a TLS port; one that then hangs up (or sends the
+  alert ``CERTIFICATE_REQUIRED``) instead of waiting for the HTTP/2 preface
+  wants a client certificate.  Only on this failure, so the probe costs nothing
   on the paths that work.
 """
 
@@ -51,8 +54,8 @@ __all__ = [
     "PORT_BUSY",
     "TLS_MISMATCH",
     "UNREADABLE_FILE",
+    "probe_tls",
     "rpc_failure",
-    "speaks_tls",
 ]
 
 OK = 0
@@ -67,24 +70,38 @@ _PEER = re.compile(r"ipv[46]:(\[[^\]]+\]|[^:\s]+):(\d+)")
 _CLIENT_CERT = ("CERTIFICATE_REQUIRED", "TLSV1_ALERT_UNKNOWN_CA", "SSLV3_ALERT_BAD_CERTIFICATE")
 
 
-def speaks_tls(host: str, port: int, timeout: float = 2.0) -> bool:
-    """Whether ``host:port`` answers a TLS ClientHello with a TLS handshake."""
+def probe_tls(host: str, port: int, timeout: float = 2.0) -> str:
+    """What ``host:port`` speaks: ``"tls"``, ``"tls-client-cert"`` (TLS that requires
+    a client certificate), ``"not-tls"``, or ``"unknown"`` (unreachable)."""
     ctx = ssl.create_default_context()
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE
     try:
         with (
             socket.create_connection((host.strip("[]"), port), timeout=timeout) as raw,
-            ctx.wrap_socket(raw, server_hostname=None),
+            ctx.wrap_socket(raw, server_hostname=None) as tls,
         ):
-            return True
+            # TLS 1.3: the server checks the client's certificate after our side of
+            # the handshake is done; its refusal arrives on the first read, as an
+            # alert or (grpc) as the connection closed at once.  A server content
+            # with us waits for the HTTP/2 preface instead: the read times out.
+            tls.settimeout(timeout / 2)
+            try:
+                return "tls-client-cert" if tls.recv(1) == b"" else "tls"
+            except ssl.SSLEOFError:
+                return "tls-client-cert"
+            except ssl.SSLError as e:
+                return "tls-client-cert" if "CERTIFICATE" in str(e).upper() else "tls"
+            except TimeoutError:
+                return "tls"
     except ssl.SSLEOFError:
-        return False  # hung up on the ClientHello: not a TLS server
+        return "not-tls"  # hung up on the ClientHello
     except ssl.SSLError as e:
-        # A TLS alert (a client certificate is required, say) comes from a TLS server.
-        return "ALERT" in str(e).upper()
+        if "ALERT" in str(e).upper():  # a TLS server refusing us
+            return "tls-client-cert" if "CERTIFICATE" in str(e).upper() else "tls"
+        return "not-tls"
     except OSError:
-        return False
+        return "unknown"
 
 
 def rpc_failure(e: grpc.RpcError, *, plaintext: bool | None = None) -> tuple[str, int]:
@@ -111,17 +128,21 @@ def rpc_failure(e: grpc.RpcError, *, plaintext: bool | None = None) -> tuple[str
             "trusts: give --ca (ca_file) the CA that signed the server's certificate",
             TLS_MISMATCH,
         )
+    client_cert = (
+        f"TLS mismatch: {where} requires a client certificate it trusts (mutual TLS): "
+        "give --cert and --key (cert_file, key_file) signed by its client CA"
+    )
     if any(k in details for k in _CLIENT_CERT):
-        return (
-            f"TLS mismatch: {where} requires a client certificate it trusts (mutual TLS): "
-            "give --cert and --key (cert_file, key_file) signed by its client CA",
-            TLS_MISMATCH,
-        )
-    closed = plaintext is not False and "Socket closed" in details and peer is not None
-    if closed and peer is not None and speaks_tls(peer.group(1), int(peer.group(2))):
+        return client_cert, TLS_MISMATCH
+    if "Socket closed" not in details or peer is None:
+        return describe_rpc_error(e), FAILED
+    speaks = probe_tls(peer.group(1), int(peer.group(2)))
+    if plaintext is not False and speaks.startswith("tls"):
         return (
             f"TLS mismatch: {where} speaks TLS, this client plaintext: give --ca FILE "
             "(or --tls for the system's roots; ca_file or tls = true in a config)",
             TLS_MISMATCH,
         )
+    if plaintext is not True and speaks == "tls-client-cert":
+        return client_cert, TLS_MISMATCH
     return describe_rpc_error(e), FAILED
