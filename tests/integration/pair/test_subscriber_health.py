@@ -54,8 +54,10 @@ def test_every_subscription_in_error_is_not_serving(tmp_path: Path) -> None:
         pair.start_publisher(listen)
         wait_until(lambda: pair.status().state == "error", 60, "the subscription in error")
         wait_until(
-            lambda: (health(sub.address), health(sub.address, service=COMPONENT))
-            == ("NOT_SERVING", "NOT_SERVING"),
+            lambda: (
+                (health(sub.address), health(sub.address, service=COMPONENT))
+                == ("NOT_SERVING", "NOT_SERVING")
+            ),
             10,
             "NOT_SERVING",
         )
