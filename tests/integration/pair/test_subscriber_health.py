@@ -38,7 +38,7 @@ def test_every_subscription_in_error_is_not_serving(tmp_path: Path) -> None:
         def applied() -> bool:
             with sqlite3.connect(pair.target_path) as target:
                 try:
-                    return target.execute("SELECT count(*) FROM t").fetchone() == (5,)
+                    return bool(target.execute("SELECT count(*) FROM t").fetchone() == (5,))
                 except sqlite3.OperationalError:  # no table yet
                     return False
 
