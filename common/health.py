@@ -67,7 +67,11 @@ async def health_loop(
 ) -> None:
     """Until cancelled: set each health service from ``read()`` (module docstring)."""
     while True:
-        overall, components, why = read()
+        try:
+            overall, components, why = read()
+        except Exception:  # a reading gone wrong must not end health reporting
+            log.exception("health: cannot read the components")
+            overall, components, why = False, {}, {"": "health cannot be read"}
         for name, ok in [("", overall), *sorted(components.items())]:
             if board.serving.get(name) == ok:
                 continue

@@ -203,7 +203,9 @@ def check_can_listen(key: str, listen: str) -> None:
     try:
         # SO_REUSEADDR (set by create_server, as grpc and http.server set it): a port
         # in TIME_WAIT is free; one another process listens on is not.
-        with socket.create_server((host.strip("[]"), port)):
+        bare = host.strip("[]")
+        family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+        with socket.create_server((bare, port), family=family):
             pass
     except OSError as e:
         problem = os.strerror(e.errno) if e.errno else str(e)
