@@ -37,7 +37,8 @@ class CaptureHealth:
         self.last_ok = time.time()  # unix seconds of the latest good attempt
 
     def failed(self, error: BaseException | str) -> None:
-        self.last_error = str(error).strip().splitlines()[0][:500] if str(error) else repr(error)
+        text = str(error).strip()
+        self.last_error = text.splitlines()[0][:500] if text else repr(error)
         self.failures += 1
         self.in_a_row += 1
 
