@@ -3,17 +3,26 @@
 It knows no daemon.  Each installed part registers its subcommands through the
 ``txrepl.commands`` entry point group (see pyproject.toml): the entry point is
 a function ``register(subparsers)`` that adds its parsers and sets
-``func=callable(args) -> int`` on them.
+``func=callable(args) -> int`` on them.  Operator errors a command lets through
+end here in one line and the exit status of their class (common.exits).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, entry_points, version
 
-from common.config import ConfigError
+# grpc's C core logs a failed TLS handshake to stderr on its own (a second line under
+# ours); read once, when grpc is first imported, so set before any import of it.
+# GRPC_VERBOSITY=debug (or info) in the environment still shows everything.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+from common import exits
+from common.config import ConfigError, UnreadableFileError
+from common.errors import ListenError
 
 __all__ = ["build_parser", "main"]
 
@@ -57,11 +66,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level, json=fmt)
     try:
         return int(func(args) or 0)
+    except UnreadableFileError as e:
+        print(f"txrepl: {e}", file=sys.stderr)
+        return exits.UNREADABLE_FILE
     except ConfigError as e:
         print(f"txrepl: configuration error: {e}", file=sys.stderr)
-        return 2
+        return exits.CONFIG
+    except ListenError as e:
+        print(f"txrepl: {e}", file=sys.stderr)
+        return exits.PORT_BUSY
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from common.errors import TxreplError
 
-__all__ = ["ConfigError", "from_mapping", "load_toml", "parse_address"]
+__all__ = ["ConfigError", "UnreadableFileError", "from_mapping", "load_toml", "parse_address"]
 
 T = TypeVar("T")
 
@@ -41,6 +41,17 @@ class ConfigError(TxreplError):
         self.problem = problem
         where = f"{source}: {key}" if key else source
         super().__init__(f"{where}: {problem}")
+
+
+class UnreadableFileError(ConfigError):
+    """A file named by a command-line option or a config key cannot be read."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        super().__init__(path, key, problem)
+        self.args = (f"{key} {path!r}: {problem}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def _type_name(tp: Any) -> str:

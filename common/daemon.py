@@ -4,7 +4,9 @@ Each daemon builds its :class:`~common.serve.GrpcEndpoint` (its services, its
 interceptors) and implements :class:`DaemonParts` (its background work, its
 health, its stop steps); :func:`serve_daemon` runs the same sequence for both.
 
-Start-up, in this order:
+Start-up, in this order (before it, each daemon's ``_main`` checks that its
+ports can be bound, :func:`~common.serve.check_can_listen`, so a busy port
+changes nothing):
 
 1. start the gRPC endpoint (health SERVING) — the port accepts before READY;
 2. ``start_work()``: the daemon's own work (capture thread, subscription tasks);
@@ -95,12 +97,20 @@ async def serve_daemon(
 ) -> None:
     """Run ``parts`` from endpoint start to the end of the drain (module docstring)."""
     await endpoint.start()
-    parts.start_work()
-    registry = parts.open_metrics() if metrics_listen else None
-    if registry is not None:
-        parts.metrics_server = metrics.MetricsServer(metrics_listen, registry)
-        address = parts.metrics_server.start()
-        write_atomic(data_dir / "metrics.addr", address + "\n")
+    try:
+        parts.start_work()
+        registry = parts.open_metrics() if metrics_listen else None
+        if registry is not None:
+            parts.metrics_server = metrics.MetricsServer(metrics_listen, registry)
+            address = parts.metrics_server.start()
+            write_atomic(data_dir / "metrics.addr", address + "\n")
+    except BaseException:
+        # The metrics port was taken after check_can_listen: undo the start, so the
+        # ListenError leaves as one line and no half-started daemon lingers.
+        await parts.drain()
+        await endpoint.stop(grace=0)
+        parts.close()
+        raise
     freeze_startup_heap()
     write_atomic(data_dir / f"{name}.addr", endpoint.address + "\n")
     log.info(f"{name} ready", **parts.ready_fields(endpoint.address))

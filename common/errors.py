@@ -3,7 +3,12 @@
     TxreplError                  root of every error txrepl raises on purpose
     ├── TransientError           worth retrying (connection lost, lock timeout, busy)
     ├── PermanentError           retrying will not help; stop and tell the operator
+    ├── ListenError              a port cannot be bound (busy, not available), naming the key
     └── ConfigError              bad configuration, naming file and key (common.config)
+        └── UnreadableFileError  a file an option or key names cannot be read
+
+The ``txrepl`` command turns each operator error into one line and an exit
+status of its class (common.exits, docs/operations.md "Exit statuses").
 
 Each package roots its own tree here and draws it in its ``errors.py``:
 ``publisher.errors`` (capture, feeds), ``publisher.log.errors`` (the log),
@@ -20,6 +25,7 @@ import grpc
 
 __all__ = [
     "MAX_NAME",
+    "ListenError",
     "PermanentError",
     "TransientError",
     "TxreplError",
@@ -39,6 +45,18 @@ class TransientError(TxreplError):
 
 class PermanentError(TxreplError):
     """A failure that will not pass by retrying: stop and tell the operator."""
+
+
+class ListenError(TxreplError):
+    """A daemon cannot listen where its config says: the port is taken or not available."""
+
+    def __init__(self, key: str, address: str, problem: str) -> None:
+        self.key = key
+        self.address = address
+        super().__init__(
+            f"{key} = {address!r}: cannot listen: {problem}; stop what holds the port "
+            f"or set another {key}"
+        )
 
 
 _TRANSIENT = {

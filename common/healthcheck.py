@@ -4,19 +4,32 @@ For container health checks and scripts: one standard gRPC health check
 (``grpc.health.v1``) against ``ADDRESS`` (or the address in ``--addr-file``),
 with the same TLS options as the CLI.  Exit status: 0 SERVING, 1 anything else
 (unreachable, NOT_SERVING, TLS failure), 2 bad usage.
+
+A container image's ``HEALTHCHECK`` line is fixed when the image is built, so
+each TLS option also has an environment variable, read when the option is not
+given: ``TXREPL_HEALTHCHECK_CA``, ``_CERT``, ``_KEY`` (mutual TLS),
+``_SERVER_NAME`` (the name in the daemon's certificate: the check connects to
+the address in the addr file, ``0.0.0.0:7400`` say) and ``_TLS=1`` (TLS with the
+system's roots).  Set them on the container (compose ``environment:``) and the
+image's own health check speaks TLS (deploy/docker, docs/operations.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# As in common/cli.py: grpc's own handshake logs would add lines under ours.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.errors import describe_rpc_error
+from common.config import ConfigError
+from common.exits import rpc_failure
 from common.security import ClientTls, add_client_args, client_channel, client_from_args
 
 __all__ = ["check", "main"]
@@ -40,6 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--service", default="", help="service name ('' = the whole server)")
     p.add_argument("--timeout", type=float, default=3.0)
     add_client_args(p)
+    env = os.environ
+    p.set_defaults(
+        tls=env.get("TXREPL_HEALTHCHECK_TLS", "") not in ("", "0"),
+        ca=env.get("TXREPL_HEALTHCHECK_CA", ""),
+        cert=env.get("TXREPL_HEALTHCHECK_CERT", ""),
+        key=env.get("TXREPL_HEALTHCHECK_KEY", ""),
+        server_name=env.get("TXREPL_HEALTHCHECK_SERVER_NAME", ""),
+    )
     args = p.parse_args(argv)
     address = args.address
     if args.addr_file:
@@ -50,11 +71,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
     if not address:
         p.error("give an ADDRESS or --addr-file")
-    tls, _ = client_from_args(args)
     try:
+        tls, _ = client_from_args(args)
         status = check(address, args.service, args.timeout, tls=tls)
+    except ConfigError as e:  # an unreadable --ca/--cert/--key
+        print(f"unhealthy: {e}", file=sys.stderr)
+        return 1
     except grpc.RpcError as e:
-        print(f"unhealthy: {describe_rpc_error(e)}", file=sys.stderr)
+        # Exit 1 whatever the cause (a container runtime knows only 0 and 1); the
+        # line says what to fix when it is a TLS mismatch.
+        print(f"unhealthy: {rpc_failure(e, plaintext=tls is None)[0]}", file=sys.stderr)
         return 1
     print(status)
     return 0 if status == "SERVING" else 1

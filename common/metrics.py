@@ -13,15 +13,20 @@ help text; ``docs/operations.md`` and the Grafana dashboard use the same names
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import platform
+import sys
+from collections.abc import Iterable, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as package_version
 from typing import Any
 
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
 from common.config import parse_address
+from common.errors import ListenError
 
 __all__ = [
     "METRICS",
@@ -38,6 +43,17 @@ log = structlog.get_logger(__name__)
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # both daemons
     "txrepl_info": ("gauge", ("role", "server"), "1, labelled with the daemon's role and name"),
+    "txrepl_build_info": (
+        "gauge",
+        ("version", "python", "implementation"),
+        "1, labelled with the txrepl version and the Python running it",
+    ),
+    "txrepl_health_serving": (
+        "gauge",
+        ("service",),
+        "1 SERVING, 0 NOT_SERVING, per gRPC health service ('' = the whole daemon; "
+        "txrepl.capture.<publication>, txrepl.subscription.<id>: common/health.py)",
+    ),
     # publisher
     "txrepl_publication_head": ("gauge", ("publication",), "last committed seq"),
     "txrepl_publication_first_retained": (
@@ -52,6 +68,24 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "commit time of the newest entry (unix seconds)",
     ),
     "txrepl_capture_entries": ("counter", (), "entries appended by capture since start"),
+    "txrepl_capture_failures": ("counter", (), "failed capture attempts since start"),
+    "txrepl_capture_failures_in_a_row": (
+        "gauge",
+        (),
+        "failed capture attempts since the last good one (health: NOT_SERVING from 3)",
+    ),
+    "txrepl_pg_slot_lag_bytes": (
+        "gauge",
+        ("publication", "slot"),
+        "PostgreSQL source: WAL bytes the replication slot still holds (current LSN - "
+        "confirmed flush LSN); the source's disk grows with it",
+    ),
+    "txrepl_pg_slot_lag_seconds": (
+        "gauge",
+        ("publication", "slot"),
+        "PostgreSQL source: flush lag the walsender measures while capture streams; "
+        "while it does not, seconds since capture last streamed (0 when caught up)",
+    ),
     "txrepl_subscriber_level": ("gauge", ("publication", "subscriber"), "acked level"),
     "txrepl_subscriber_lag_entries": ("gauge", ("publication", "subscriber"), "head - level"),
     "txrepl_subscriber_lag_seconds": (
@@ -114,7 +148,33 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
 
 
 def new_registry() -> CollectorRegistry:
-    return CollectorRegistry(auto_describe=False)
+    """A daemon's registry, with the process and platform collectors and build info.
+
+    ``process_*`` (CPU seconds, resident memory, open fds, start time) and
+    ``python_info`` come from prometheus_client's own collectors, registered on this
+    registry rather than the global one; ``python_gc_*`` likewise.
+    """
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    registry.register(_BuildInfo())
+    return registry
+
+
+class _BuildInfo:
+    """``txrepl_build_info{version, python, implementation} 1``."""
+
+    def __init__(self) -> None:
+        try:
+            self.version = package_version("txrepl")
+        except PackageNotFoundError:
+            self.version = "unknown"
+
+    def collect(self) -> Iterator[Any]:
+        info = gauge("txrepl_build_info")
+        info.add_metric([self.version, platform.python_version(), sys.implementation.name], 1)
+        yield info
 
 
 def _family(kind: str, name: str, extra: Sequence[str] = ()) -> Any:
@@ -154,7 +214,7 @@ class MetricsServer:
         try:
             self._httpd, _ = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:
-            raise OSError(f"metrics_listen {self.listen}: cannot listen: {e.strerror}") from e
+            raise ListenError("metrics_listen", self.listen, e.strerror or str(e)) from None
         bound = self._httpd.server_address[1]
         self.address = f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
         log.info("metrics endpoint listening", metrics=f"http://{self.address}/metrics")

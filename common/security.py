@@ -50,7 +50,7 @@ from typing import Any
 import grpc
 
 from common._calltoken import TOKEN_METADATA, aio_token_interceptors, with_token
-from common.config import ConfigError, parse_address
+from common.config import UnreadableFileError, parse_address
 
 __all__ = [
     "PUBLIC_SERVICES",
@@ -387,7 +387,9 @@ def _read(path: Path, what: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise ValueError(f"{what} {str(path)!r}: {e.strerror or e}") from None
+        raise UnreadableFileError(
+            str(path), what, f"cannot read it ({e.strerror or e}); give a readable file"
+        ) from None
 
 
 def server_credentials(
@@ -419,9 +421,9 @@ class ClientTls:
 def client_credentials(
     tls: ClientTls, resolve: Callable[[str], Path] = Path
 ) -> grpc.ChannelCredentials:
-    ca = _read(resolve(tls.ca_file), "ca_file") if tls.ca_file else None
-    key = _read(resolve(tls.key_file), "key_file") if tls.key_file else None
-    cert = _read(resolve(tls.cert_file), "cert_file") if tls.cert_file else None
+    ca = _read(resolve(tls.ca_file), "ca_file (--ca)") if tls.ca_file else None
+    key = _read(resolve(tls.key_file), "key_file (--key)") if tls.key_file else None
+    cert = _read(resolve(tls.cert_file), "cert_file (--cert)") if tls.cert_file else None
     return grpc.ssl_channel_credentials(
         root_certificates=ca, private_key=key, certificate_chain=cert
     )
@@ -505,9 +507,11 @@ def read_token_file(path: Path, field: str = "token_file") -> str:
         token = path.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
         problem = getattr(e, "strerror", None) or str(e)
-        raise ConfigError(str(path), field, f"cannot read the token: {problem}") from None
+        raise UnreadableFileError(
+            str(path), field, f"cannot read the token ({problem}); give a readable file"
+        ) from None
     if not token:
-        raise ConfigError(str(path), field, "the file is empty; put the token in it")
+        raise UnreadableFileError(str(path), field, "the file is empty; put the token in it")
     return token
 
 

@@ -12,6 +12,7 @@ import gc
 import inspect
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,15 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.config import parse_address
+from common.errors import ListenError
 
-__all__ = ["GrpcEndpoint", "Malformed", "install_signal_handlers", "write_atomic"]
+__all__ = [
+    "GrpcEndpoint",
+    "Malformed",
+    "check_can_listen",
+    "install_signal_handlers",
+    "write_atomic",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -41,6 +49,7 @@ class GrpcEndpoint:
         *,
         credentials: grpc.ServerCredentials | None = None,
         interceptors: Iterable[grpc.aio.ServerInterceptor] = (),
+        key: str = "listen",
     ) -> None:
         self.listen = listen
         self.server = grpc.aio.server(
@@ -68,14 +77,18 @@ class GrpcEndpoint:
             ],
             self.server,
         )
-        host, port = parse_address(listen, field="listen")
+        self.components: set[str] = set()
+        host, port = parse_address(listen, field=key)
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if credentials is not None:
-            self.port = self.server.add_secure_port(target, credentials)
-        else:
-            self.port = self.server.add_insecure_port(target)
+        try:
+            if credentials is not None:
+                self.port = self.server.add_secure_port(target, credentials)
+            else:
+                self.port = self.server.add_insecure_port(target)
+        except RuntimeError:  # grpc: "Failed to bind to address ..."
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {listen}: address in use or not available")
+            raise ListenError(key, listen, "address in use or not available")
         self.host = host
 
     @property
@@ -87,8 +100,15 @@ class GrpcEndpoint:
         for name in ["", *self.names]:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
 
+    async def set_health(self, name: str, serving: bool) -> None:
+        """Set one health service (a component's, or ``""`` for the whole daemon)."""
+        if name not in self.names:
+            self.components.add(name)
+        status = health_pb2.HealthCheckResponse
+        await self.health.set(name, status.SERVING if serving else status.NOT_SERVING)
+
     async def not_serving(self) -> None:
-        for name in ["", *self.names]:
+        for name in ["", *self.names, *sorted(self.components)]:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def stop(self, grace: float = 5.0) -> None:
@@ -167,6 +187,29 @@ class MalformedRequestInterceptor(grpc.aio.ServerInterceptor):
             # itself (publisher/feed.py).
             return grpc.stream_stream_rpc_method_handler(handler.stream_stream, parse, ser)
         return handler
+
+
+def check_can_listen(key: str, listen: str) -> None:
+    """Raise ListenError when ``listen`` cannot be bound now (port 0 always can).
+
+    Run before a daemon touches anything (capture install, Spark), so a busy port
+    ends in one line and changes nothing; the bind itself reports the rare race.
+    """
+    if not listen:
+        return
+    host, port = parse_address(listen, field=key)
+    if port == 0:
+        return
+    try:
+        # SO_REUSEADDR (set by create_server, as grpc and http.server set it): a port
+        # in TIME_WAIT is free; one another process listens on is not.
+        bare = host.strip("[]")
+        family = socket.AF_INET6 if ":" in bare else socket.AF_INET
+        with socket.create_server((bare, port), family=family):
+            pass
+    except OSError as e:
+        problem = os.strerror(e.errno) if e.errno else str(e)
+        raise ListenError(key, listen, problem.lower()) from None
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

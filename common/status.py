@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 import grpc
 
-from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.jsonout import dump, message_dict
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
@@ -128,11 +128,15 @@ def render(snap: Snapshot, progress: dict[tuple[str, str], Progress], *, bars: b
     lines = [f"publisher {snap.publisher}", ""]
     lines.append(
         f"{'PUBLICATION':<16} {'HEAD':>10} {'RETAINED':>23} {'LOG SIZE':>11} {'SUBSCRIBERS':>11}"
+        "  CAPTURE"
     )
     for p in snap.publications:
         retained = f"{p.first_retained}..{p.head}" if p.head >= p.first_retained else "(empty)"
         n = sum(1 for s in snap.subscribers if s.publication == p.name)
-        lines.append(f"{p.name:<16} {p.head:>10} {retained:>23} {_bytes(p.log_bytes):>11} {n:>11}")
+        capture = f"FAILING: {p.capture_error}" if p.capture_failing else "ok"
+        lines.append(
+            f"{p.name:<16} {p.head:>10} {retained:>23} {_bytes(p.log_bytes):>11} {n:>11}  {capture}"
+        )
     lines.append("")
     lines.append(
         f"{'PUBLICATION':<16} {'SUBSCRIBER':<16} {'LEVEL':>10} {'LAG':>8} {'LAG S':>8} "
@@ -230,8 +234,9 @@ def main(args: argparse.Namespace, out: TextIO | None = None) -> int:
             last = take()
         progress = measure(first, last)
     except grpc.RpcError as e:
-        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
-        return 1
+        line, status = rpc_failure(e, plaintext=tls is None)
+        print(f"txrepl: {line}", file=sys.stderr)
+        return status
     if args.json:
         dump(to_json(last, progress), out)
     else:

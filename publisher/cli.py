@@ -9,9 +9,9 @@ from typing import Any
 
 import grpc
 
-from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.jsonout import dump
-from common.security import add_client_args, channel_from_args
+from common.security import add_client_args, client_channel, client_from_args
 
 __all__ = ["register"]
 
@@ -93,15 +93,18 @@ def _check(args: argparse.Namespace) -> int:
 def _admin_stub(args: argparse.Namespace) -> Any:
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    return rpc.AdminStub(channel_from_args(args, args.publisher))
+    tls, token = client_from_args(args)
+    args.plaintext = tls is None
+    return rpc.AdminStub(client_channel(args.publisher, tls, token=token))
 
 
 def _call(fn: Any, request: Any, args: argparse.Namespace) -> Any:
     try:
         return fn(request, timeout=10)
     except grpc.RpcError as e:
-        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
-        raise SystemExit(1) from None
+        line, status = rpc_failure(e, plaintext=args.plaintext)
+        print(f"txrepl: {line}", file=sys.stderr)
+        raise SystemExit(status) from None
 
 
 def _subscribers(args: argparse.Namespace) -> int:

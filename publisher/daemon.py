@@ -9,6 +9,11 @@ watchdog is pinged at a third of ``WatchdogSec``.  The capture thread moves
 committed source transactions into the logs; the gRPC server serves Sync,
 Publish and Admin.
 
+Health (common/health.py): ``txrepl.capture.<publication>`` per publication and
+the whole publisher (``""``) turn NOT_SERVING while capture fails in a loop
+(publisher/capture/health.py) or its thread has died, and SERVING again when it
+recovers; ``txrepl_capture_failures`` counts the failed attempts.
+
 Shutdown (SIGTERM): health NOT_SERVING, STOPPING=1, stop capture after the
 entry in progress, cut the feeds ("publisher shutting down"), stop the server,
 close the logs.  A second signal forces exit.
@@ -33,6 +38,7 @@ import structlog
 from common import metrics
 from common.daemon import serve_daemon
 from common.feedstatus import CutKind, cut_label
+from common.health import HealthBoard, Reading, health_loop
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
@@ -43,7 +49,7 @@ from common.security import (
     server_credentials,
     token_from_metadata,
 )
-from common.serve import GrpcEndpoint, install_signal_handlers
+from common.serve import GrpcEndpoint, check_can_listen, install_signal_handlers
 from common.systemd import Notifier
 from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
@@ -103,8 +109,34 @@ class PublisherCollector:
         captured = metrics.counter("txrepl_capture_entries")
         captured.add_metric([], p.capture_thread.entries if p.capture_thread else 0)
         yield captured
+        yield from self._capture_health()
+        yield from p.health.collect()
         yield from self._subscribers()
         yield from self._feeds()
+
+    def _capture_health(self) -> Iterator[Any]:
+        source = self.publisher.source
+        if source is None:
+            return
+        failures = metrics.counter("txrepl_capture_failures")
+        failures.add_metric([], source.health.failures)
+        in_a_row = metrics.gauge("txrepl_capture_failures_in_a_row")
+        in_a_row.add_metric([], source.health.in_a_row)
+        yield from (failures, in_a_row)
+        try:
+            lag = source.slot_lag()
+        except Exception as e:  # the source is down: the lag is unknown, not zero
+            log.debug("slot lag unknown", error=str(e))
+            return
+        if lag is None:
+            return
+        slot, lag_bytes, lag_s = lag
+        by_bytes = metrics.gauge("txrepl_pg_slot_lag_bytes")
+        by_s = metrics.gauge("txrepl_pg_slot_lag_seconds")
+        for name in sorted(self.publisher.publications):
+            by_bytes.add_metric([name, slot], lag_bytes)
+            by_s.add_metric([name, slot], lag_s)
+        yield from (by_bytes, by_s)
 
     def _subscribers(self) -> Iterator[Any]:
         registry = self.publisher.registry
@@ -202,6 +234,7 @@ class Publisher:
         self.feeds: FeedManager | None = None
         self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
+        self.health = HealthBoard()
 
     def open(self) -> None:
         cfg = self.config
@@ -265,7 +298,11 @@ class Publisher:
         )
         replication = ReplicationService(feeds, self.publications, snapshots)
         admin = AdminService(
-            cfg.server_name, self.publications, self.registry, live=self._live_feeds
+            cfg.server_name,
+            self.publications,
+            self.registry,
+            live=self._live_feeds,
+            capture=self.source.health if self.source is not None else None,
         )
         self.endpoint = GrpcEndpoint(
             cfg.listen,
@@ -318,14 +355,25 @@ class Publisher:
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
         assert self.registry is not None
+        assert self.endpoint is not None
         return [
             retention_loop(
                 self.publications,
                 self.registry,
                 self.config.retention_interval_s,
                 self._live_feeds,
-            )
+            ),
+            health_loop(self.endpoint, self._health, self.health),
         ]
+
+    def _health(self) -> Reading:
+        """Capture per publication (common/health.py); the whole publisher with it."""
+        cap = self.source.health if self.source is not None else None
+        alive = self.capture_thread is None or self.capture_thread.is_alive()
+        ok = alive and (cap is None or cap.serving)
+        why = "" if ok else (cap.last_error if cap is not None and alive else "capture stopped")
+        names = [f"txrepl.capture.{n}" for n in sorted(self.publications)]
+        return ok, dict.fromkeys(names, ok), dict.fromkeys(["", *names], why)
 
     def _live_feeds(self) -> set[tuple[str, str]]:
         """(publication, subscriber) of every open feed; read on the event loop."""
@@ -353,6 +401,8 @@ class Publisher:
 
 
 async def _main(config: PublisherConfig) -> None:
+    check_can_listen("listen", config.listen)
+    check_can_listen("metrics_listen", config.metrics_listen)
     publisher = Publisher(config)
     publisher.open()
     install_signal_handlers(publisher.stop_event)

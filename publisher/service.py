@@ -17,6 +17,7 @@ from common.errors import overlong
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import Rule
+from publisher.capture.health import CaptureHealth
 from publisher.errors import SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
@@ -193,11 +194,13 @@ class AdminService(rpc.AdminServicer):
         publications: Mapping[str, Publication],
         registry: Registry,
         live: Callable[[], Collection[tuple[str, str]]] = frozenset,
+        capture: CaptureHealth | None = None,
     ) -> None:
         self.server_name = server_name
         self.publications = publications
         self.registry = registry
         self.live = live  # (publication, subscriber) pairs with a feed open now
+        self.capture = capture  # the source's capture health (every publication shares it)
 
     async def ListPublications(
         self,
@@ -205,8 +208,9 @@ class AdminService(rpc.AdminServicer):
         context: grpc.aio.ServicerContext[pb.ListPublicationsRequest, pb.ListPublicationsResponse],
     ) -> pb.ListPublicationsResponse:
         out = pb.ListPublicationsResponse(publisher=self.server_name)
+        cap = self.capture
         for name, pub in sorted(self.publications.items()):
-            out.publications.add(
+            info = out.publications.add(
                 name=name,
                 incarnation=pub.log.incarnation,
                 head=pub.log.head,
@@ -214,6 +218,10 @@ class AdminService(rpc.AdminServicer):
                 log_bytes=pub.log.size_bytes,
                 tables=pub.config.tables,
             )
+            if cap is not None:
+                info.capture_failing = not cap.serving
+                info.capture_failures = cap.failures
+                info.capture_error = cap.last_error if not cap.serving else ""
         return out
 
     async def ListSubscribers(

@@ -18,12 +18,13 @@ from typing import Any
 import grpc
 
 from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.jsonout import dump
 from common.security import (
     ClientTls,
     add_client_args,
-    channel_from_args,
     client_channel,
+    client_from_args,
     read_token_file,
 )
 from subscriber import errors_cli
@@ -80,7 +81,8 @@ def _control(args: argparse.Namespace) -> int:
     from common.rpc import txrepl_pb2 as pb
     from common.rpc import txrepl_pb2_grpc as rpc
 
-    stub = rpc.SubscriberControlStub(channel_from_args(args, args.control))
+    tls, token = client_from_args(args)
+    stub = rpc.SubscriberControlStub(client_channel(args.control, tls, token=token))
     try:
         if args.control_action == "status":
             resp: Any = stub.Status(pb.StatusRequest(), timeout=10)
@@ -90,8 +92,9 @@ def _control(args: argparse.Namespace) -> int:
             ]
             resp = method(pb.SubscriptionRequest(subscription=args.subscription), timeout=10)
     except grpc.RpcError as e:
-        print(f"txrepl: {describe_rpc_error(e)}", file=sys.stderr)
-        return 1
+        line, status = rpc_failure(e, plaintext=tls is None)
+        print(f"txrepl: {line}", file=sys.stderr)
+        return status
     if args.json:
         dump(resp)
         return 0

@@ -7,6 +7,10 @@ then READY.  The watchdog is pinged while the event loop and Spark's JVM live.
 Each subscription runs in its own task, so one subscription's cut, error or
 pause never stalls another.
 
+Health (common/health.py): ``txrepl.subscription.<id>`` per subscription is
+NOT_SERVING in ``error`` or ``invalid``; the whole subscriber (``""``) when
+every subscription is.
+
 Shutdown (SIGTERM): health NOT_SERVING, STOPPING=1, each runner stops reading,
 the batch in flight commits (with its level) and is acked, then the Spark
 session and the server stop; exit status 0.  A second signal forces exit.
@@ -31,6 +35,7 @@ from prometheus_client import Counter, Histogram
 
 from common import metrics
 from common.daemon import serve_daemon
+from common.health import HealthBoard, Reading, health_loop
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
     AuthInterceptor,
@@ -39,7 +44,7 @@ from common.security import (
     aio_channel_factory,
     server_credentials,
 )
-from common.serve import GrpcEndpoint, install_signal_handlers
+from common.serve import GrpcEndpoint, check_can_listen, install_signal_handlers
 from common.systemd import Notifier
 from subscriber.apply import (
     AnyEntry,
@@ -58,6 +63,9 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = ["Subscriber", "run"]
+
+# States that wait for a person (subscriber/state.py): the subscription does not serve.
+STUCK = ("error", "invalid")
 
 log = structlog.get_logger(__name__)
 
@@ -171,6 +179,7 @@ class SubscriberCollector:
             entries.add_metric([name], r.applied_entries)
             rows.add_metric([name], r.applied_rows)
         yield from (level, head, lag, lag_s, state, entries, rows)
+        yield from sub.health.collect()
 
 
 class Subscriber:
@@ -183,6 +192,8 @@ class Subscriber:
         self.metrics_registry = metrics.new_registry() if config.metrics_listen else None
         self.metrics_server: metrics.MetricsServer | None = None
         self.tasks: list[asyncio.Task[None]] = []
+        self.endpoint: GrpcEndpoint | None = None
+        self.health = HealthBoard()
 
     def open(self) -> None:
         cfg = self.config
@@ -212,12 +223,13 @@ class Subscriber:
         if cfg.auth.admin_token_hashes:
             book = TokenBook((h, Principal("admin", "admin")) for h in cfg.auth.admin_token_hashes)
             interceptors.append(AuthInterceptor(book, AUTH_RULES))
-        endpoint = GrpcEndpoint(
+        self.endpoint = endpoint = GrpcEndpoint(
             cfg.control_listen,
             [lambda s: rpc.add_SubscriberControlServicer_to_server(control, s)],
             ["txrepl.v1.SubscriberControl"],
             credentials=server_credentials(cfg.tls, cfg.path),
             interceptors=interceptors,
+            key="control_listen",
         )
         await serve_daemon(
             self,
@@ -256,7 +268,18 @@ class Subscriber:
         return await asyncio.to_thread(self._spark_alive)
 
     def background(self) -> list[Coroutine[Any, Any, None]]:
-        return []
+        assert self.endpoint is not None
+        return [health_loop(self.endpoint, self._health, self.health)]
+
+    def _health(self) -> Reading:
+        """Each subscription, and the whole subscriber: not when every one is stuck."""
+        comps = {f"txrepl.subscription.{n}": r.state not in STUCK for n, r in self.runners.items()}
+        why = {f"txrepl.subscription.{n}": f"{r.state}: {r.st.last_error}"
+               for n, r in self.runners.items() if r.state in STUCK}  # fmt: skip
+        overall = not comps or any(comps.values())
+        if not overall:
+            why[""] = "every subscription is in error or invalid"
+        return overall, comps, why
 
     async def drain(self) -> None:
         """Each runner stops reading; the batch in flight commits with its level and is acked."""
@@ -286,6 +309,8 @@ def _levels(runners: dict[str, SubscriptionRunner]) -> str:
 
 
 async def _main(config: SubscriberConfig) -> None:
+    check_can_listen("control_listen", config.control_listen)
+    check_can_listen("metrics_listen", config.metrics_listen)
     sub = Subscriber(config)
     sub.open()
     install_signal_handlers(sub.stop_event)

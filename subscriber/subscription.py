@@ -35,7 +35,7 @@ import grpc
 import structlog
 
 from common.backoff import Backoff
-from common.errors import describe_rpc_error
+from common.exits import rpc_failure
 from common.rpc import txrepl_pb2 as pb
 from common.security import aio_channel_factory
 from subscriber.apply import Applier, ApplyError
@@ -241,7 +241,11 @@ class SubscriptionRunner:
             except grpc.aio.AioRpcError as e:
                 if e.code() == grpc.StatusCode.CANCELLED and (self._paused or self._stop.is_set()):
                     continue
-                st.fail("disconnected", describe_rpc_error(e))
+                # A TLS mismatch with the publisher says so (common/exits.py; it may
+                # probe the address once, off the event loop).
+                plaintext = self.config.client_tls is None
+                line, _ = await asyncio.to_thread(rpc_failure, e, plaintext=plaintext)
+                st.fail("disconnected", line)
             except (FeedEnded, ConnectionError) as e:  # refused for now (cut, unknown publication)
                 log.warning("sync ended", subscription=self.name, reason=str(e))
                 st.fail("disconnected", str(e))

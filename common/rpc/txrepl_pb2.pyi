@@ -1019,11 +1019,21 @@ class PublicationInfo(_message.Message):
     FIRST_RETAINED_FIELD_NUMBER: _builtins.int
     LOG_BYTES_FIELD_NUMBER: _builtins.int
     TABLES_FIELD_NUMBER: _builtins.int
+    CAPTURE_FAILING_FIELD_NUMBER: _builtins.int
+    CAPTURE_FAILURES_FIELD_NUMBER: _builtins.int
+    CAPTURE_ERROR_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     incarnation: _builtins.str
     head: _builtins.int
     first_retained: _builtins.int
     log_bytes: _builtins.int
+    capture_failing: _builtins.bool
+    """Capture of this publication's tables (publisher/capture/health.py): failing after
+    several failed attempts in a row; failures counts every failed attempt since the
+    publisher started; error is the latest failure's, while failing.
+    """
+    capture_failures: _builtins.int
+    capture_error: _builtins.str
     @_builtins.property
     def tables(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     def __init__(
@@ -1035,10 +1045,13 @@ class PublicationInfo(_message.Message):
         first_retained: _builtins.int = ...,
         log_bytes: _builtins.int = ...,
         tables: _abc.Iterable[_builtins.str] | None = ...,
+        capture_failing: _builtins.bool = ...,
+        capture_failures: _builtins.int = ...,
+        capture_error: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["first_retained", b"first_retained", "head", b"head", "incarnation", b"incarnation", "log_bytes", b"log_bytes", "name", b"name", "tables", b"tables"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["capture_error", b"capture_error", "capture_failing", b"capture_failing", "capture_failures", b"capture_failures", "first_retained", b"first_retained", "head", b"head", "incarnation", b"incarnation", "log_bytes", b"log_bytes", "name", b"name", "tables", b"tables"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

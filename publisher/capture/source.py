@@ -30,7 +30,10 @@ The four operations and what each must guarantee:
 ``release()``
     Close what the source holds (connections; temporary slots go with them).
 
-``entries`` counts the entries appended so far (a metric).
+``entries`` counts the entries appended so far (a metric); ``health``
+(:class:`~publisher.capture.health.CaptureHealth`) is what ``stream`` reports of
+its attempts: the daemon's health service, metrics and ``txrepl status`` read it;
+``slot_lag()`` what a source read through a replication slot holds back (metrics).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Literal, Protocol
 
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.health import CaptureHealth
 from publisher.publication import Publication
 
 __all__ = ["Snapshot", "Source", "SourceFactory", "SourceOptions"]
@@ -79,6 +83,12 @@ class Source(Protocol):
 
     @property
     def entries(self) -> int: ...
+
+    @property
+    def health(self) -> CaptureHealth: ...
+
+    def slot_lag(self) -> tuple[str, int, float] | None:
+        """(slot, bytes, seconds) of a source read through a replication slot, else None."""
 
     def install(self, publication: str, incarnation: str, tables: Sequence[str]) -> list[str]: ...
 

@@ -50,7 +50,9 @@ class NotifySocket:
         self.sock.close()
 
 
-def health(address: str, tls: ClientTls | None = None) -> str:
+def health(address: str, tls: ClientTls | None = None, service: str = "") -> str:
     with client_channel(address, tls) as ch:
-        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        resp = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=service), timeout=3
+        )
     return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))

@@ -23,6 +23,7 @@ import structlog
 from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.health import CaptureHealth
 from publisher.capture.postgres._pgcatalog import (
     Catalog,
     TableName,
@@ -96,6 +97,7 @@ class CaptureCore:
         self._dirty = threading.Event()
         self._marks: list[Mark] = []  # wait_position requests, resolved by the session
         self._marks_lock = threading.Lock()
+        self.health = CaptureHealth()  # the streaming loop reports into it
         # statistics
         self.transactions = 0
         self.entries = 0
@@ -192,19 +194,28 @@ class CaptureCore:
                     f"not {current!r}: choose another slot name"
                 )
 
-    def slot_lag_bytes(self) -> int:
-        """WAL bytes between the server's current position and the slot's confirmed one."""
+    def slot_lag(self) -> tuple[int, float]:
+        """The slot's lag: WAL bytes between the server's current position and the
+        slot's confirmed one, and seconds (the walsender's flush lag while capture
+        streams; else since capture last streamed; 0 when no byte lags)."""
         conn = self._admin()
         with self._lock:
             row = conn.execute(
                 "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(),"
-                " coalesce(confirmed_flush_lsn, restart_lsn))"
-                " FROM pg_replication_slots WHERE slot_name = %s",
+                " coalesce(s.confirmed_flush_lsn, s.restart_lsn)), s.active,"
+                " extract(epoch FROM r.flush_lag)"
+                " FROM pg_replication_slots s LEFT JOIN pg_stat_replication r"
+                " ON r.pid = s.active_pid WHERE s.slot_name = %s",
                 (self.slot,),
             ).fetchone()
         if row is None or row[0] is None:
-            return 0
-        return int(row[0])
+            return 0, 0.0
+        lag, active, flush_lag = int(row[0]), bool(row[1]), row[2]
+        if lag <= 0:
+            return 0, 0.0
+        if active:
+            return lag, float(flush_lag or 0.0)
+        return lag, max(0.0, time.time() - self.health.last_ok)
 
     # -- installation -------------------------------------------------------------
 

@@ -156,6 +156,7 @@ class Session:
             slot_name=cap.slot, decode=False, options=options, status_interval=5
         )
         log.info("capture streaming", slot=cap.slot, plugin=cap.plugin)
+        cap.health.ok()
         self.flusher.start()
         fd = self.conn.fileno()
         while not self.halt.is_set():

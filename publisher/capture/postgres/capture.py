@@ -48,6 +48,7 @@ class PostgresCapture(CaptureCore):
                 session.run()
                 return
             except (psycopg2.Error, psycopg.Error) as e:
+                self.health.failed(e)
                 self._check_permanent()
                 log.warning("capture stream lost; reconnecting", error=str(e).strip())
             finally:

@@ -31,6 +31,7 @@ from psycopg import sql
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.health import CaptureHealth
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgtypes import SESSION_GUCS, to_value
 from publisher.capture.postgres.capture import PostgresCapture
@@ -66,6 +67,14 @@ class PostgresSource:
     def entries(self) -> int:
         return self.capture.entries
 
+    @property
+    def health(self) -> CaptureHealth:
+        return self.capture.health
+
+    def slot_lag(self) -> tuple[str, int, float] | None:
+        bytes_, seconds = self.capture.slot_lag()
+        return self.capture.slot, bytes_, seconds
+
     def install(self, publication: str, incarnation: str, tables: Sequence[str]) -> list[str]:
         return self.capture.install(publication, incarnation, tables)
 
@@ -80,6 +89,7 @@ class PostgresSource:
                 failures = 0
             except Exception as e:  # the source restarts, the network blips: keep trying
                 failures += 1
+                self.capture.health.failed(e)
                 log.error("PostgreSQL capture failed; retrying", error=str(e), failures=failures)
                 halt.wait(RETRY.delay(failures))
 

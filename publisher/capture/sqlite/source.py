@@ -36,6 +36,7 @@ import structlog
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import SqliteCapture, qident
 from publisher.capture.values import rows_chunk, value_writer
@@ -63,6 +64,7 @@ class SqliteSource:
         self.pubs: list[Publication] | None = None  # set when streaming starts
         self._streaming = threading.Event()
         self._entries = 0
+        self.health = CaptureHealth()  # the streaming loop reports into it
         self._unreleased = 0
         self._released_at = time.monotonic()
 
@@ -73,6 +75,9 @@ class SqliteSource:
     @property
     def entries(self) -> int:
         return self._entries
+
+    def slot_lag(self) -> None:
+        return None  # no replication slot: triggers write the capture table
 
     def install(self, publication: str, incarnation: str, tables: Sequence[str]) -> list[str]:
         return self.capture.install(publication, incarnation, tables)
@@ -97,8 +102,10 @@ class SqliteSource:
                     with self.lock:
                         self._release()
                 failures = 0
+                self.health.ok()
             except Exception as e:  # keep capturing; the source may be busy or briefly locked
                 failures += 1
+                self.health.failed(e)
                 force = True
                 log.error("capture failed; retrying", error=str(e), failures=failures)
                 halt.wait(RETRY.delay(failures))

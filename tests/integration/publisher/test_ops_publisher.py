@@ -367,8 +367,8 @@ def test_admin_cli_speaks_tls_and_tokens(tmp_path: Path, certs: Certs) -> None:
         assert ok.returncode == 0, ok.stderr
         assert "shop" in ok.stdout
         plain = subprocess.run([*base, "publications"], capture_output=True, text=True, timeout=60)
-        assert plain.returncode == 1
-        assert "UNAVAILABLE" in plain.stderr
+        assert plain.returncode == 5  # TLS mismatch (common/exits.py)
+        assert "speaks TLS, this client plaintext" in plain.stderr
     finally:
         pair.stop()
 

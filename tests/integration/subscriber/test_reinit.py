@@ -446,7 +446,8 @@ def test_reinit_with_an_unreadable_token_file_is_one_line_and_changes_nothing(
     tmp_path: Path,
 ) -> None:
     """A missing --admin-token-file, or a subscription token_file that is empty: one
-    line naming the key, exit 2, no traceback, no target written."""
+    line naming the key, exit 3 (an unreadable file: common/exits.py), no traceback,
+    no target written."""
     empty = tmp_path / "empty.token"
     empty.write_text("\n")
     pair = Pair(tmp_path, tables=["t"])
@@ -457,13 +458,15 @@ def test_reinit_with_an_unreadable_token_file_is_one_line_and_changes_nothing(
         text=True,
         timeout=60,
     )
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 3, out.stdout + out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
-    assert "missing.token: --admin-token-file: cannot read the token" in out.stderr
+    assert "--admin-token-file '" in out.stderr
+    assert "missing.token': cannot read the token" in out.stderr
     pair.subscription_extra = {"token_file": str(empty)}
     pair.write_subscriber_config("127.0.0.1:1")
     out = subprocess.run(pair.reinit_argv(), capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.returncode == 3, out.stdout + out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
-    assert "subscription pub1.shop: token_file: the file is empty" in out.stderr
+    assert "subscription pub1.shop: token_file '" in out.stderr
+    assert "': the file is empty" in out.stderr
     assert not pair.target_path.exists()
