@@ -18,7 +18,7 @@ A batch's transaction::
       truncate  TRUNCATE t
       sql       the statement
       call      CALL name(args)
-    UPDATE the level row
+    setval: sequences up to the rows written (``_sequences.py``); UPDATE the level row
     COMMIT
 
 Staging tables are temporary tables ``ON COMMIT DELETE ROWS``, one per shape (the
@@ -76,6 +76,7 @@ from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
+from subscriber.targets.postgres._sequences import advance_sequences
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -319,6 +320,7 @@ class PostgresWriter:
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
+            advance_sequences(cur, [s.schema.table for s in steps if isinstance(s, RowsStep)])
             METADATA_SQL.set_level(cur, subscription, incarnation, last_seq)
             return written
 
@@ -365,18 +367,9 @@ class PostgresWriter:
         marks = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         cur.execute(sql.SQL("CALL {}({})").format(name, marks), args)
 
-    @staticmethod
-    def _existing_columns(cur: psycopg.Cursor[Any], table: str) -> list[str]:
-        cur.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (T(table).as_string(cur),),
-        )
-        return [r[0] for r in cur.fetchall()]
-
     def _schema(self, cur: psycopg.Cursor[Any], subscription: str, step: SchemaStep) -> None:
         target = step.target if step.target is not None else step.schema
-        existing = self._existing_columns(cur, target.table)
+        existing = table_types(cur, target.table)  # its columns (none: no table yet)
         if not existing:
             create_schema(cur, target.table)
             cols = [
