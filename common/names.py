@@ -74,7 +74,7 @@ def parse_table(text: str) -> TableRef:
             while True:
                 j = text.find('"', i)
                 if j < 0:
-                    raise ValueError(f"table {text!r}: a double quote is not closed")
+                    raise ValueError(f"table {text!r}: a double quote is not closed; {_HOW}")
                 out.append(text[i:j])
                 if text[j + 1 : j + 2] == '"':
                     out.append('"')

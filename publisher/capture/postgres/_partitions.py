@@ -13,6 +13,10 @@ as one table:
   the option from the catalog as of each decoded change, so changes decoded before
   the ALTER are sent by leaf: only a partitioned table added at that same start could
   have any, and its capture starts after the ALTER (install comes after set-up).
+* ``ALTER PUBLICATION ... ADD TABLE ONLY parent`` still covers the partitions, present
+  and future: PostgreSQL counts a partition as published through its ancestors, and
+  ``ONLY`` only keeps classic inheritance children out (tested: the rows of every
+  partition arrive).
 * Full row images come from the leaf's replica identity, not the parent's: every
   partition gets ``REPLICA IDENTITY FULL`` at install, and again at every start (a
   partition attached since gets it then; until then its updates carry only its key

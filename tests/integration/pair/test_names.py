@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.support.harness import Pair, wait_until
+from tests.support.harness import Pair
+from tests.support.phases import backlog_live_reinit
 
 pytestmark = [pytest.mark.postgres, pytest.mark.spark]
 
@@ -89,13 +90,13 @@ JDBC = {
 
 
 @pytest.mark.parametrize(
-    ("source", "target", "subscriber_extra"),
+    ("source", "target", "subscriber_extra", "plugin"),
     [
-        pytest.param("postgres", "postgres", {}, id="pg-pg-copy"),
-        pytest.param("postgres", "postgres", JDBC, id="pg-pg-jdbc_staging"),
-        pytest.param("postgres", "sqlite", {}, id="pg-sqlite"),
-        pytest.param("sqlite", "postgres", {}, id="sqlite-pg"),
-        pytest.param("sqlite", "sqlite", {}, id="sqlite-sqlite"),
+        pytest.param("postgres", "postgres", {}, "pgoutput", id="pg-pg-copy"),
+        pytest.param("postgres", "postgres", JDBC, "wal2json", id="pg-pg-wal2json-jdbc_staging"),
+        pytest.param("postgres", "sqlite", {}, "pgoutput", id="pg-sqlite"),
+        pytest.param("sqlite", "postgres", {}, "", id="sqlite-pg"),
+        pytest.param("sqlite", "sqlite", {}, "", id="sqlite-sqlite"),
     ],
 )
 def test_awkward_names_replicate_into_the_same_names(
@@ -105,12 +106,14 @@ def test_awkward_names_replicate_into_the_same_names(
     source: str,
     target: str,
     subscriber_extra: dict[str, Any],
+    plugin: str,
 ) -> None:
     """Tables ``"Sales"."Order Items"`` and ``"we""ird.T"`` with columns ``"Order ID"``,
     ``"select"``, ``"Mixed Case"``, ``"a.b"`` and one named ``say "hi"`` arrive under the same
     names (the schema created on a PostgreSQL target), row for row: rows present at
-    install, a backlog in one batch, live small batches (staged by COPY or by Spark over
-    JDBC); and a reinit's snapshot loads them into an empty target under the same names."""
+    install, a backlog in one batch, live small batches (decoded by pgoutput or wal2json,
+    staged by COPY or by Spark over JDBC); and a reinit's snapshot loads them into an
+    empty target under the same names."""
     if source == "postgres":
         src_url = pg_server.create_database()
         pg = psycopg.connect(src_url, autocommit=True)
@@ -167,34 +170,15 @@ def test_awkward_names_replicate_into_the_same_names(
         tables=CONFIG[source],
         source_url=src_url,
         target_url=dst_url,
-        publisher_extra={"slot": "txrepl_" + src_url.rsplit("/", 1)[-1]}
+        publisher_extra={"slot": "txrepl_" + src_url.rsplit("/", 1)[-1], "plugin": plugin}
         if source == "postgres"
         else {},
         subscriber_extra=subscriber_extra,
     )
 
-    def settle() -> None:
-        def done() -> bool:
-            return pair.status().state == "error" or not differences(dst_url)
-
-        try:
-            wait_until(done, 120, "the target to equal the source", interval=0.5)
-        except TimeoutError:
-            pass
-        st = pair.status()
-        assert (st.state, differences(dst_url)) == ("in_sync", []), st.last_error
-
     try:
-        pair.start_publisher()
-        _work(run, source, 10, 40)  # a backlog before the subscriber exists
-        pair.start_subscriber()
-        settle()
-        for i in range(50, 70):  # live: small batches
-            _work(run, source, i, 1)
-        settle()
-        fresh = target_url()  # a reinit's snapshot into an empty target
-        pair.load_snapshot(fresh, spark=spark)
-        assert differences(fresh) == []
+        backlog_live_reinit(
+            pair, lambda i, n: _work(run, source, i, n), differences, target_url, spark, 10
+        )
     finally:
-        pair.stop()
         src_conn.close()

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from common.config import ConfigError
 from common.names import TableRef, format_table, parse_table
+from publisher.config import load_config as load_publisher
+from subscriber.config import load_config as load_subscriber
 
 
 @pytest.mark.parametrize(
@@ -38,3 +43,26 @@ def test_a_name_that_is_not_one_is_refused_saying_how_to_write_it(text: str) -> 
     """One line naming the table and how to write it."""
     with pytest.raises(ValueError, match="table"):
         parse_table(text)
+
+
+def test_configs_refuse_a_table_name_that_is_not_one(tmp_path: Path) -> None:
+    """A publication's table, and a subscriber's ``[apply.tables]`` key and ``target``,
+    are read as names: a bad one stops the config load with one line naming the file,
+    the key and how to write it; a quoted name with a dot loads."""
+    pub = tmp_path / "p.toml"
+    sub = tmp_path / "s.toml"
+    pub_text = (
+        'server_name = "pub1"\nsource = "sqlite:///src.db"\n'
+        '[[publication]]\nname = "shop"\ntables = [{}]\n'
+    )
+    sub_text = 'server_name = "sub1"\ntarget = "sqlite:///t.db"\n[apply.tables.{}]\ntarget = {}\n'
+    pub.write_text(pub_text.replace("{}", "'Sales.\"Order.Items\"'"))
+    assert load_publisher(pub).publication[0].tables == ['Sales."Order.Items"']
+    for bad in ["'a.b.c'", "'Sales.\"Order'"]:
+        pub.write_text(pub_text.replace("{}", bad))
+        with pytest.raises(ConfigError, match=r"publication\[0\].*write `name` or `schema.name`"):
+            load_publisher(pub)
+    for key, target in [("'a.b.c'", "''"), ("orders", "'x.\"y'")]:
+        sub.write_text(sub_text.format(key, target))
+        with pytest.raises(ConfigError, match=r"apply.*table"):
+            load_subscriber(sub)
