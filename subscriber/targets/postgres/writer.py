@@ -158,6 +158,7 @@ class PostgresWriter:
         self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._filled: set[str] = set()
         self._types: dict[str, dict[str, str]] = {}  # target column types, by table
+        self._seqs: dict[str, list[tuple[str, str]]] = {}  # owned sequences (_sequences.py)
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         with self._lock:
@@ -204,6 +205,7 @@ class PostgresWriter:
             return result
         except psycopg.Error as exc:
             self._types.clear()  # what the rolled-back transaction saw may be gone
+            self._seqs.clear()
             raise self._refused(exc, conn, "the batch", subscription, seq) from exc
 
     def _refused(
@@ -320,7 +322,8 @@ class PostgresWriter:
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
-            advance_sequences(cur, [s.schema.table for s in steps if isinstance(s, RowsStep)])
+            rows = [s.schema.table for s in steps if isinstance(s, RowsStep)]
+            advance_sequences(cur, rows, self._seqs)
             METADATA_SQL.set_level(cur, subscription, incarnation, last_seq)
             return written
 
@@ -350,6 +353,7 @@ class PostgresWriter:
             return 0
         if isinstance(step, SqlStep):
             self._types.clear()  # it may have changed any table
+            self._seqs.clear()
             cur.execute(step.sql.encode())
             return 0
         if isinstance(step, CallStep) and step.name in self._procedures:
