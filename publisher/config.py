@@ -51,6 +51,7 @@ from typing import Literal
 
 from common.config import load_toml, parse_address
 from common.dburl import DatabaseUrl
+from common.names import parse_table
 from common.security import ServerTls, check_hash, check_listen
 
 __all__ = [
@@ -103,8 +104,7 @@ class PublicationConfig:
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
         for t in self.tables:
-            if not t or '"' in t:
-                raise ValueError(f"table name {t!r} is not usable")
+            parse_table(t)  # ValueError saying how to write it
         for field in ("max_delta", "queue_threshold", "batch_entries", "batch_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")

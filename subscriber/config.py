@@ -34,6 +34,7 @@ from typing import Literal
 from common.backoff import Backoff
 from common.config import load_toml, parse_address
 from common.dburl import DatabaseUrl
+from common.names import parse_table
 from common.security import ClientTls, ServerTls, check_hash, check_listen
 from subscriber.schedule import Schedule
 
@@ -185,6 +186,10 @@ class ApplyConfig:
             raise ValueError("apply.jdbc_min_rows must not be negative")
         if self.spark_min_rows < 0:
             raise ValueError("apply.spark_min_rows must not be negative")
+        for name, table in self.tables.items():  # written as publications write them
+            parse_table(name)
+            if table.target:
+                parse_table(table.target)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,6 +24,12 @@ from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.health import CaptureHealth
+from publisher.capture.postgres._partitions import (
+    leaves_identity,
+    publication_members,
+    select_from,
+    via_root,
+)
 from publisher.capture.postgres._pgcatalog import (
     Catalog,
     TableName,
@@ -238,9 +244,11 @@ class CaptureCore:
                         conn.execute(
                             sql.SQL(
                                 "CREATE PUBLICATION {} WITH (publish = "
-                                "'insert, update, delete, truncate')"
+                                "'insert, update, delete, truncate',"
+                                " publish_via_partition_root = true)"
                             ).format(sql.Identifier(self.pg_publication))
                         )
+                    via_root(conn, self.pg_publication)  # one made before (_partitions.py)
                 slot = conn.execute(
                     "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s", (self.slot,)
                 ).fetchone()
@@ -321,6 +329,14 @@ class CaptureCore:
         ident, kind, has_pk, member = row
         if kind not in ("r", "p"):
             raise SourceError(f"{name.display!r} is not a table (relkind {kind!r})")
+        if kind == "p" and self.plugin != "pgoutput":
+            raise TableRefused(
+                f"table {name.display!r} is partitioned: {self.plugin} names its partitions,"
+                ' not the table; capture it with plugin = "pgoutput"',
+                table=name.display,
+            )
+        if kind == "p":  # FULL only if every partition has it too
+            ident, _ = leaves_identity(conn, name.sql)
         if not has_pk:
             raise TableRefused(
                 f"table {name.display!r} has no PRIMARY KEY; txrepl needs one to replicate "
@@ -344,8 +360,9 @@ class CaptureCore:
                 # writers out until commit: each write is then either in the snapshot or
                 # decoded with the full identity and the publication membership.
                 conn.execute(f"LOCK TABLE {name.sql} IN SHARE MODE")
-                if ident != "f":
-                    conn.execute(f"ALTER TABLE {name.sql} REPLICA IDENTITY FULL")
+                if ident != "f":  # and each partition's: they decode the changes
+                    for rel in [name.sql, *leaves_identity(conn, name.sql)[1]]:
+                        conn.execute(f"ALTER TABLE {rel} REPLICA IDENTITY FULL")
                 if need_member:
                     conn.execute(
                         sql.SQL("ALTER PUBLICATION {} ADD TABLE ONLY {}").format(
@@ -394,10 +411,7 @@ class CaptureCore:
             str(r[0])
             for r in conn.execute("SELECT tbl FROM _txrepl.installs WHERE slot = %s", (self.slot,))
         }
-        for schema, rel in conn.execute(
-            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
-            (self.pg_publication,),
-        ).fetchall():
+        for schema, rel in publication_members(conn, self.pg_publication):
             if TableName(str(schema), str(rel)).display not in used:
                 conn.execute(
                     sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
@@ -560,7 +574,9 @@ class CaptureCore:
             chunk: list[tuple[str | None, ...]] = []
             with (
                 conn.cursor() as cur,
-                cur.copy(f"COPY (SELECT {select_list} FROM ONLY {table.sql}) TO STDOUT") as cp,
+                cur.copy(
+                    f"COPY (SELECT {select_list} FROM {select_from(conn, table.sql)}) TO STDOUT"
+                ) as cp,
             ):
                 yield shape, []
                 for row in cp.rows():

@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import psycopg
 
+from common.names import format_table, parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import TypeInfo, builtin_type, numeric_typmod
@@ -92,8 +93,7 @@ def pg_target_type(conn: psycopg.Connection[Any], oid: int, typmod: int) -> tupl
     raise UnsupportedType(f"oid {oid}", "domains nested too deep")
 
 
-def qident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+qident = quote_ident
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +103,8 @@ class TableName:
 
     @property
     def display(self) -> str:
-        """The name entries carry: bare for ``public``, else ``schema.name``."""
-        return self.name if self.schema == "public" else f"{self.schema}.{self.name}"
+        """The name entries carry (common/names.py): bare for ``public``, else ``schema.name``."""
+        return format_table(None if self.schema == "public" else self.schema, self.name)
 
     @property
     def sql(self) -> str:
@@ -113,12 +113,11 @@ class TableName:
 
 def table_name(spec: str) -> TableName:
     """``name`` (schema public) or ``schema.name``, as written in the configuration."""
-    schema, dot, name = spec.partition(".")
-    if not dot:
-        return TableName("public", spec)
-    if not schema or not name or "." in name:
-        raise SourceError(f"table {spec!r}: write a PostgreSQL table as `name` or `schema.name`")
-    return TableName(schema, name)
+    try:
+        ref = parse_table(spec)
+    except ValueError as e:
+        raise SourceError(str(e)) from None
+    return TableName(ref.schema or "public", ref.name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.health import CaptureHealth
+from publisher.capture.postgres._partitions import select_from
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgtypes import SESSION_GUCS, to_value
 from publisher.capture.postgres.capture import PostgresCapture
@@ -109,7 +110,8 @@ class PostgresSource:
                 shapes = [cap.snapshot_shape(conn, t)[0] for t in tables]
                 counts = []
                 for t in tables:
-                    row = conn.execute(f"SELECT count(*) FROM ONLY {t.sql}").fetchone()
+                    rows = select_from(conn, t.sql)  # with its partitions (_partitions.py)
+                    row = conn.execute(f"SELECT count(*) FROM {rows}").fetchone()
                     counts.append(int(row[0]) if row else 0)
                 conn.rollback()
             seq = cap.wait_position(pending.lsn, timeout_s)[pub.name]

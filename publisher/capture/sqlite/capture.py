@@ -55,6 +55,7 @@ from pathlib import Path
 
 import structlog
 
+from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode, parse_declared_type
 from publisher.capture.sqlite.shapes import (
@@ -409,15 +410,19 @@ class SqliteCapture:
                 continue
             if r.op == "S":
                 assert isinstance(r.v, bytes)
-                entry.ops.add().schema.MergeFromString(r.v)
+                op_schema = entry.ops.add().schema
+                op_schema.MergeFromString(r.v)
+                op_schema.table = format_table(None, r.tbl)
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
             if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
-                entry.ops.add().schema.CopyFrom(shape.schema)
+                op_schema = entry.ops.add().schema
+                op_schema.CopyFrom(shape.schema)
+                op_schema.table = format_table(None, r.tbl)
                 logged[(publication, r.tbl)] = r.gen
             rc = entry.ops.add().row
-            rc.table = r.tbl
+            rc.table = format_table(None, r.tbl)  # the wire's form (common/names.py)
             rc.op = _OPS[r.op]
             if r.k is not None:
                 assert isinstance(r.k, str)

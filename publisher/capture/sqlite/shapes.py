@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import sqlite3
 
+from common.names import quote_ident
 from common.rpc import txrepl_pb2 as pb
 
 __all__ = ["TRIGGER_TAGS", "build_triggers", "copy_rows", "fallback_name", "qident", "trigger_name"]
@@ -97,8 +98,7 @@ __all__ = ["TRIGGER_TAGS", "build_triggers", "copy_rows", "fallback_name", "qide
 TRIGGER_TAGS = ("i", "u", "d")
 
 
-def qident(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+qident = quote_ident
 
 
 def trigger_name(tag: str, table: str) -> str:

@@ -35,11 +35,13 @@ import structlog
 
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
+from common.names import format_table, parse_table
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import SqliteCapture, qident
 from publisher.capture.values import rows_chunk, value_writer
+from publisher.errors import SourceError
 from publisher.publication import Publication
 
 __all__ = ["RETRY", "SqliteSource"]
@@ -50,6 +52,20 @@ RELEASE_EVERY_S = 1.0
 RELEASE_ROWS = 50_000
 # 0.2 s, doubling, at most 5 s between attempts after a failed step.
 RETRY = Backoff(initial_s=0.2, max_s=5.0, jitter=0.0)
+
+
+def sqlite_table(spec: str) -> str:
+    """The SQLite table a configured name (common/names.py) means: no schema."""
+    try:
+        ref = parse_table(spec)
+    except ValueError as e:
+        raise SourceError(str(e)) from None
+    if ref.schema is not None:
+        raise SourceError(
+            f"table {spec!r}: a SQLite source has no schemas; a table whose name holds a dot"
+            f" is written in double quotes: {format_table(None, ref.flat)!r}"
+        )
+    return ref.name
 
 
 class SqliteSource:
@@ -80,7 +96,8 @@ class SqliteSource:
         return None  # no replication slot: triggers write the capture table
 
     def install(self, publication: str, incarnation: str, tables: Sequence[str]) -> list[str]:
-        return self.capture.install(publication, incarnation, tables)
+        added = self.capture.install(publication, incarnation, [sqlite_table(t) for t in tables])
+        return [format_table(None, t) for t in added]
 
     def release(self) -> None:
         self.capture.close()
@@ -169,7 +186,8 @@ class SqliteSource:
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
                 writers = [value_writer(c.type, c.scale) for c in schema.columns]
                 cols = ", ".join(qident(c.name) for c in schema.columns)
-                cur = conn.execute(f"SELECT {cols} FROM {qident(schema.table)}")
+                table = qident(parse_table(schema.table).name)
+                cur = conn.execute(f"SELECT {cols} FROM {table}")
                 while True:
                     rows = cur.fetchmany(chunk_rows)
                     if not rows:
@@ -195,7 +213,7 @@ class SqliteSource:
         if not self._streaming.wait(timeout_s):  # the capture thread may be starting
             raise RuntimeError("capture is not running yet")
         installed = self.capture.installed().get(pub.name, {})
-        tables = [t for t in pub.config.tables if t in installed]
+        tables = [t for t in map(sqlite_table, pub.config.tables) if t in installed]
         with self.lock:
             conn.execute("BEGIN")
             position = self.capture.max_id(conn)  # the first read starts the snapshot
@@ -204,7 +222,11 @@ class SqliteSource:
         # As the pinned transaction sees them: a later ALTER TABLE must not change
         # the columns read from it.
         schemas = [self.capture.read_schema(t, conn) for t in tables]
+        count = "SELECT count(*) FROM {}"
         counts = {
-            t: int(conn.execute(f"SELECT count(*) FROM {qident(t)}").fetchone()[0]) for t in tables
+            format_table(None, t): int(conn.execute(count.format(qident(t))).fetchone()[0])
+            for t in tables
         }
+        for s in schemas:  # entries and snapshots carry the wire's form (common/names.py)
+            s.table = format_table(None, s.table)
         return seq, schemas, counts

@@ -21,11 +21,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
-from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.writer import column_of
+from subscriber.targets.postgres._names import table_sql
 
 __all__ = ["csv_bytes", "pg_column", "pg_type", "table_types"]
 
@@ -72,7 +72,7 @@ def table_types(cur: Any, table: str) -> dict[str, str]:
     rows = cur.execute(
         "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
         " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped",
-        (sql.Identifier(table).as_string(cur),),
+        (table_sql(table).as_string(cur),),
     ).fetchall()
     return {str(name): str(spelled) for name, spelled in rows}
 

@@ -77,10 +77,12 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from common.names import parse_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.reinit.errors import SnapshotError
 from subscriber.targets.postgres._copy import pg_type
+from subscriber.targets.postgres._names import create_schema, table_sql
 from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
 
 __all__ = ["SHADOW_SCHEMA", "PgShadowLoader", "PostgresSnapshotLoader"]
@@ -215,10 +217,10 @@ class PgShadowLoader:
                 cur.execute(
                     "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
                     " WHERE c.oid = to_regclass(%s)",
-                    (Q(table).as_string(cur),),
+                    (table_sql(table).as_string(cur),),
                 )
                 found = cur.fetchone()
-                home = found[0] if found else default
+                home = found[0] if found else parse_table(table).schema or default
                 if home is None:
                     raise SnapshotError(
                         f"PostgreSQL target {self.where}: no schema to create {table!r} in"
@@ -240,12 +242,20 @@ class PgShadowLoader:
                 )
             ]
             for table, home in homes.items():
-                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(Q(home), Q(table)))
+                # The shadow is named by the wire text (unique); in its home it takes
+                # the table's own name (common/names.py).
+                rel = parse_table(table).name
+                create_schema(cur, table)
+                cur.execute(sql.SQL("DROP TABLE IF EXISTS {}.{}").format(Q(home), Q(rel)))
                 cur.execute(
                     sql.SQL("ALTER TABLE {}.{} SET SCHEMA {}").format(
                         Q(SHADOW_SCHEMA), Q(table), Q(home)
                     )
                 )
+                if rel != table:
+                    cur.execute(
+                        sql.SQL("ALTER TABLE {}.{} RENAME TO {}").format(Q(home), Q(table), Q(rel))
+                    )
             for what, statement in carried:
                 try:
                     cur.execute(statement)
@@ -282,7 +292,7 @@ class PgShadowLoader:
         old table is locked; run after the swap, by name (``<home>.<table>`` is
         the new table by then).
         """
-        t = sql.SQL("{}.{}").format(Q(home), Q(table))
+        t = sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name))
         out: list[tuple[str, sql.SQL | sql.Composed]] = []
         cur.execute("SELECT to_regclass(%s)::oid", (t.as_string(cur),))
         row = cur.fetchone()
@@ -394,7 +404,7 @@ class PgShadowLoader:
     def _lock_old(self, cur: psycopg.Cursor[Any], homes: dict[str, str]) -> None:
         """ACCESS EXCLUSIVE on the old tables, in short attempts (see step 3)."""
         names = [
-            sql.SQL("{}.{}").format(Q(home), Q(table))
+            sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name))
             for table, home in sorted(homes.items())
             if self._exists(cur, home, table)
         ]
@@ -428,7 +438,7 @@ class PgShadowLoader:
         cur.execute(
             "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
             " WHERE n.nspname = %s AND c.relname = %s",
-            (home, table),
+            (home, parse_table(table).name),
         )
         return cur.fetchone() is not None
 

@@ -18,7 +18,7 @@ A batch's transaction::
       truncate  TRUNCATE t
       sql       the statement
       call      CALL name(args)
-    UPDATE the level row
+    setval: sequences up to the rows written (``_sequences.py``); UPDATE the level row
     COMMIT
 
 Staging tables are temporary tables ``ON COMMIT DELETE ROWS``, one per shape (the
@@ -39,7 +39,7 @@ numeric), FLOAT double precision, TEXT text, BYTES bytea, BOOLEAN boolean, DATE 
 TIME time, TIMESTAMP timestamp, TIMESTAMPTZ timestamptz, JSON jsonb, unspecified text;
 a column from a PostgreSQL source takes the source's own type instead (``Column.pg_type``,
 :func:`subscriber.targets.postgres._copy.pg_type`), for the table and its stages alike.
-Table names are single identifiers in the connection's ``search_path``.
+Table ``schema.name`` is ``name`` in ``schema``, created if missing (``_names.py``).
 
 Driver errors are translated here: connection loss, lock timeouts, serialization
 failures and deadlocks become :class:`TransientError` (the applier retries them);
@@ -75,6 +75,8 @@ from subscriber.apply.writer import (
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
+from subscriber.targets.postgres._names import T, create_schema
+from subscriber.targets.postgres._sequences import advance_sequences
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -156,6 +158,7 @@ class PostgresWriter:
         self._new_stages: dict[tuple[tuple[int, str], ...], str] = {}
         self._filled: set[str] = set()
         self._types: dict[str, dict[str, str]] = {}  # target column types, by table
+        self._seqs: dict[str, list[tuple[str, str]]] = {}  # owned sequences (_sequences.py)
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         with self._lock:
@@ -202,6 +205,7 @@ class PostgresWriter:
             return result
         except psycopg.Error as exc:
             self._types.clear()  # what the rolled-back transaction saw may be gone
+            self._seqs.clear()
             raise self._refused(exc, conn, "the batch", subscription, seq) from exc
 
     def _refused(
@@ -318,6 +322,8 @@ class PostgresWriter:
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
+            rows = [s.schema.table for s in steps if isinstance(s, RowsStep)]
+            advance_sequences(cur, rows, self._seqs)
             METADATA_SQL.set_level(cur, subscription, incarnation, last_seq)
             return written
 
@@ -343,10 +349,11 @@ class PostgresWriter:
             self._schema(cur, subscription, step)
             return 0
         if isinstance(step, TruncateStep):
-            empty_table(cur, step.table, Q(step.table))
+            empty_table(cur, step.table, T(step.table))
             return 0
         if isinstance(step, SqlStep):
             self._types.clear()  # it may have changed any table
+            self._seqs.clear()
             cur.execute(step.sql.encode())
             return 0
         if isinstance(step, CallStep) and step.name in self._procedures:
@@ -364,19 +371,11 @@ class PostgresWriter:
         marks = sql.SQL(", ").join(sql.Placeholder() for _ in args)
         cur.execute(sql.SQL("CALL {}({})").format(name, marks), args)
 
-    @staticmethod
-    def _existing_columns(cur: psycopg.Cursor[Any], table: str) -> list[str]:
-        cur.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
-            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
-            (Q(table).as_string(cur),),
-        )
-        return [r[0] for r in cur.fetchall()]
-
     def _schema(self, cur: psycopg.Cursor[Any], subscription: str, step: SchemaStep) -> None:
         target = step.target if step.target is not None else step.schema
-        existing = self._existing_columns(cur, target.table)
+        existing = table_types(cur, target.table)  # its columns (none: no table yet)
         if not existing:
+            create_schema(cur, target.table)
             cols = [
                 sql.SQL("{} {}{}").format(
                     Q(c.name),
@@ -391,7 +390,7 @@ class PostgresWriter:
                 )
             )
             cur.execute(
-                sql.SQL("CREATE TABLE {} ({})").format(Q(target.table), sql.SQL(", ").join(cols))
+                sql.SQL("CREATE TABLE {} ({})").format(T(target.table), sql.SQL(", ").join(cols))
             )
         else:
             have = set(existing)
@@ -400,7 +399,7 @@ class PostgresWriter:
                     # Added columns are nullable, as on every target (rows fill them).
                     cur.execute(
                         sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                            Q(target.table), Q(c.name), sql.SQL(pg_type(c))
+                            T(target.table), Q(c.name), sql.SQL(pg_type(c))
                         )
                     )
         self._types.pop(target.table, None)
@@ -453,7 +452,7 @@ class PostgresWriter:
         schema = step.schema
         names = [c.name for c in schema.columns]
         key_idx = [names.index(k) for k in schema.primary_key]
-        table = Q(schema.table)
+        table = T(schema.table)
         jd, ju = staged or (None, None)
         written = 0
         if step.deletes.num_rows:
@@ -492,7 +491,7 @@ class PostgresWriter:
         CONFLICT`` (79 vs 187 ms for 32,000 W1 orders here).
         """
         names = sql.SQL(", ").join(Q(schema.columns[i].name) for i in indexes)
-        copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(Q(schema.table), names)
+        copy = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(T(schema.table), names)
         try:
             with cur.connection.transaction(), cur.copy(copy) as cp:
                 cp.write(csv_bytes(rows, schema, indexes))
@@ -522,12 +521,12 @@ class PostgresWriter:
             sql.SQL(
                 "UPDATE {} AS t SET _last_seq = s.{} - 1 FROM {} AS s"
                 " WHERE {} AND t._last_seq IS NULL"
-            ).format(Q(schema.table), Q(f"c{first}"), Q(stage), match)
+            ).format(T(schema.table), Q(f"c{first}"), Q(stage), match)
         )
         stage = self._copied(cur, schema, every, versions)
         cur.execute(
             sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {}").format(
-                Q(schema.table),
+                T(schema.table),
                 sql.SQL(", ").join(Q(x) for x in names),
                 sql.SQL(", ").join(Q(f"c{i}") for i in every),
                 Q(stage),
@@ -595,4 +594,4 @@ def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
     # OVERRIDING SYSTEM VALUE: identity ALWAYS keys take the publisher's values.
     return sql.SQL(
         "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ON CONFLICT ({}) {}"
-    ).format(Q(schema.table), cols, picks, Q(stage), pk, conflict)
+    ).format(T(schema.table), cols, picks, Q(stage), pk, conflict)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from common.names import parse_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.session import arrow_frame
@@ -100,7 +101,7 @@ class SqliteSnapshotLoader:
     def begin(self, start: pb.SnapshotStart) -> None:
         for t in start.tables:
             self.schemas[t.schema.table] = t.schema
-            shadow = SHADOW_PREFIX + t.schema.table
+            shadow = SHADOW_PREFIX + parse_table(t.schema.table).flat
             self.conn.execute(f"DROP TABLE IF EXISTS {quote(shadow)}")
             self.conn.execute(_ddl(shadow, t.schema))
 
@@ -112,16 +113,18 @@ class SqliteSnapshotLoader:
         rows = _pass(self.spark, rows, n)
         marks = ", ".join("?" * n)
         self.conn.execute("BEGIN")
-        self.conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
+        shadow = quote(SHADOW_PREFIX + parse_table(table).flat)
+        self.conn.executemany(f"INSERT INTO {shadow} VALUES ({marks})", rows)
         self.conn.execute("COMMIT")
         return len(rows)
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         try:
-            _swap(self.conn, self.subscription, start, list(self.schemas), recorded)
+            flat = [parse_table(t).flat for t in self.schemas]
+            _swap(self.conn, self.subscription, start, flat, recorded)
         except SnapshotError:
             # Refused as loaded (a rerun would load them again): leave no copy behind.
-            for table in self.schemas:
+            for table in flat:
                 self.conn.execute(f"DROP TABLE IF EXISTS {quote(SHADOW_PREFIX + table)}")
             raise
 

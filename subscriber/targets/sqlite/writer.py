@@ -37,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from common import values
+from common.names import parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.writer import (
@@ -103,9 +104,13 @@ CREATE TABLE IF NOT EXISTS txrepl_applying (since TEXT NOT NULL);
 """
 
 
-def quote(name: str) -> str:
-    """Quote an SQL identifier."""
-    return '"' + name.replace('"', '""') + '"'
+quote = quote_ident
+
+
+def quote_table(table: str) -> str:
+    """The SQLite table of wire table ``table`` (common/names.py), quoted: SQLite has no
+    schemas, so ``schema.name`` is one table of that name (docs/apply.md, "Names")."""
+    return quote_ident(parse_table(table).flat)
 
 
 def _now() -> str:
@@ -300,7 +305,7 @@ class SqliteWriter:
             self._schema(subscription, step.schema, step.target or step.schema, step.previous)
             return 0
         if isinstance(step, TruncateStep):
-            self._conn.execute(f"DELETE FROM {quote(step.table)}")
+            self._conn.execute(f"DELETE FROM {quote_table(step.table)}")
             return 0
         if isinstance(step, SqlStep):
             self._conn.execute(step.sql)
@@ -318,7 +323,7 @@ class SqliteWriter:
         raise AssertionError(f"unknown step {step!r}")
 
     def _existing_columns(self, table: str) -> list[str]:
-        return [r[1] for r in self._conn.execute(f"PRAGMA table_info({quote(table)})")]
+        return [r[1] for r in self._conn.execute(f"PRAGMA table_info({quote_table(table)})")]
 
     def _schema(
         self,
@@ -336,7 +341,7 @@ class SqliteWriter:
                 cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
             pk = ", ".join(quote(k) for k in schema.primary_key)
             self._conn.execute(
-                f"CREATE TABLE {quote(schema.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+                f"CREATE TABLE {quote_table(schema.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
             )
         else:
             have = {n.lower() for n in existing}
@@ -346,7 +351,7 @@ class SqliteWriter:
                     # are nullable on the target (the source's rows fill them).
                     decl = DECLARED.get(c.type, "")
                     self._conn.execute(
-                        f"ALTER TABLE {quote(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
+                        f"ALTER TABLE {quote_table(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
                     )
             if previous is not None and schema is source:
                 self._drop_columns(schema, previous, have)
@@ -366,7 +371,8 @@ class SqliteWriter:
             if c.name.lower() in now or c.name.lower() not in have:
                 continue
             try:
-                self._conn.execute(f"ALTER TABLE {quote(schema.table)} DROP COLUMN {quote(c.name)}")
+                table = quote_table(schema.table)
+                self._conn.execute(f"ALTER TABLE {table} DROP COLUMN {quote(c.name)}")
             except sqlite3.OperationalError as exc:
                 raise WriterError(
                     f"the source dropped column {c.name!r} of table {schema.table!r} but the "
@@ -377,7 +383,7 @@ class SqliteWriter:
     def _rows(self, step: RowsStep) -> int:
         schema = step.schema
         names = [c.name for c in schema.columns]
-        table = quote(schema.table)
+        table = quote_table(schema.table)
         written = 0
         if step.deletes.num_rows:
             key_idx = [names.index(k) for k in schema.primary_key]
@@ -418,7 +424,7 @@ class SqliteWriter:
 
 def _history_sql(schema: pb.TableSchema) -> tuple[str, str]:
     """(close the open version of a key, insert a version) for a history table."""
-    table = quote(schema.table)
+    table = quote_table(schema.table)
     keys = list(schema.primary_key[:-1])
     where = " AND ".join(f"{quote(k)} IS ?" for k in keys)
     close = f'UPDATE {table} SET "_last_seq" = ? - 1 WHERE {where} AND "_last_seq" IS NULL'

@@ -163,7 +163,8 @@ def test_admin_commands_over_mutual_tls_with_token_files(secure: tuple[Pair, Cer
 
     no_cert = _run("admin", "publications", "--publisher", address, "--ca", str(certs.ca), *token)
     assert no_cert.returncode == 5  # a TLS mismatch (docs/operations.md, exit statuses)
-    assert "client certificate" in no_cert.stderr and "--cert and --key" in no_cert.stderr
+    assert "client certificate" in no_cert.stderr
+    assert "--cert and --key" in no_cert.stderr
     no_token = _run("admin", "publications", "--publisher", address, *tls)
     assert no_token.returncode == 1
     assert no_token.stderr.startswith("txrepl: UNAUTHENTICATED: ")

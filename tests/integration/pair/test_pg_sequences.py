@@ -1,0 +1,81 @@
+"""PostgreSQL -> PostgreSQL (issue 19): the target's identity and serial sequences
+follow the rows the publisher sends, so a target promoted to take writes hands out
+ids the source did not use (real daemons, real private instances)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.support.harness import Pair
+from tests.support.phases import settle
+
+pytestmark = [pytest.mark.postgres, pytest.mark.spark]
+
+DDL = [
+    "CREATE TABLE items (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, name text)",
+    "CREATE TABLE notes (id serial PRIMARY KEY, body text)",
+]
+
+
+def _work(conn: psycopg.Connection[Any], start: int, n: int) -> None:
+    for i in range(start, start + n):
+        with conn.transaction():
+            conn.execute("INSERT INTO items (name) VALUES (%s)", (f"item {i}",))
+            conn.execute("INSERT INTO notes (body) VALUES (%s)", (f"note {i}",))
+            if i % 4 == 0:  # deletes, never of the newest row
+                conn.execute("DELETE FROM items WHERE id = (SELECT min(id) FROM items)")
+
+
+def test_a_promoted_target_hands_out_ids_past_the_replicated_ones(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """Into tables the operator created with the source's DDL (an identity ALWAYS key,
+    a serial key): after a backlog in one batch and live small batches, an INSERT on
+    the target that lets the sequence choose gets an id above every replicated one,
+    instead of failing on a duplicate key."""
+    src_dsn = pg_server.create_database()
+    dst_dsn = pg_server.create_database()
+    src = psycopg.connect(src_dsn, autocommit=True)
+    with psycopg.connect(dst_dsn, autocommit=True) as dst:
+        for stmt in DDL:
+            src.execute(stmt)
+            dst.execute(stmt)
+    _work(src, 0, 10)  # present when the tables are added
+    pair = Pair(
+        tmp_path,
+        tables=["items", "notes"],
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+    query = "SELECT (SELECT max(id) FROM items), (SELECT max(id) FROM notes)"
+
+    def differences() -> list[str]:
+        want = src.execute(query).fetchone()
+        with psycopg.connect(dst_dsn, autocommit=True) as dst:
+            have = dst.execute(query).fetchone()
+        return [] if have == want else [f"source {want}, target {have}"]
+
+    try:
+        pair.start_publisher()
+        _work(src, 10, 40)  # a backlog before the subscriber exists
+        pair.start_subscriber()
+        settle(pair, differences)
+        for i in range(50, 60):  # live: small batches
+            _work(src, i, 1)
+        settle(pair, differences)
+        top = src.execute(query).fetchone()
+    finally:
+        pair.stop()
+        src.close()
+    with psycopg.connect(dst_dsn, autocommit=True) as dst:  # promoted: it takes writes
+        item = dst.execute("INSERT INTO items (name) VALUES ('local') RETURNING id").fetchone()
+        note = dst.execute("INSERT INTO notes (body) VALUES ('local') RETURNING id").fetchone()
+    assert item is not None
+    assert note is not None
+    assert top is not None
+    assert (item[0], note[0]) == (top[0] + 1, top[1] + 1)
