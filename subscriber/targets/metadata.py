@@ -11,6 +11,14 @@ Three tables, in the target database beside the replicated ones::
         entries stored whole because they failed on their own; status
         ``open`` | ``skipped`` | ``applied``
 
+A batch normally runs between :meth:`MetadataSql.open_batch` (lock the level row,
+refuse unless it is just before the batch) and :meth:`MetadataSql.close_batch`
+(move the level).  A *re-execution* (``reexecute=True``, see
+:mod:`subscriber.apply.stored`) is the one exception: it applies a stored,
+``skipped`` entry the level has already passed, in its own transaction, under the
+same level lock; it leaves the level where it is and marks the entry ``applied``
+in that transaction, so a re-execution happens at most once.
+
 A writer (or a snapshot loader) opens the transaction and translates its driver's
 errors; the statements and the rules (the level check, what a skip may move) are
 here, once, for every dialect.  A dialect gives a :class:`MetadataSql`: its
@@ -124,6 +132,44 @@ class MetadataSql:
         incarnation matches)."""
         level, stored = self.lock_level(cur, subscription)
         check_level(subscription, incarnation, first_seq, level, stored)
+
+    def open_batch(
+        self, cur: Executor, subscription: str, incarnation: str, first_seq: int, reexecute: bool
+    ) -> None:
+        """Start a batch's transaction: :meth:`check_and_lock`, or for a re-execution
+        lock the level and refuse unless ``first_seq`` is a stored, skipped entry the
+        level has passed."""
+        if not reexecute:
+            self.check_and_lock(cur, subscription, incarnation, first_seq)
+            return
+        level, _ = self.lock_level(cur, subscription)
+        row = self._run(
+            cur,
+            "SELECT status FROM txrepl_errors WHERE subscription = :subscription AND seq = :seq",
+            {"subscription": subscription, "seq": first_seq},
+        ).fetchone()
+        if row is None or row[0] != "skipped" or level < first_seq:
+            raise ApplyError(
+                "only a skipped entry the level has passed can be re-executed "
+                f"(status {row[0] if row else 'none'}, level {level})",
+                subscription=subscription,
+                seq=first_seq,
+            )
+
+    def close_batch(
+        self,
+        cur: Executor,
+        subscription: str,
+        incarnation: str,
+        seq_range: tuple[int, int],
+        reexecute: bool,
+    ) -> None:
+        """End a batch's transaction: move the level to the last seq, or for a
+        re-execution mark the entry applied and leave the level."""
+        if reexecute:
+            self.mark_error(cur, subscription, seq_range[0], "applied")
+        else:
+            self.set_level(cur, subscription, incarnation, seq_range[1])
 
     # -- schemas -----------------------------------------------------------------
 
