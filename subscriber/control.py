@@ -1,4 +1,5 @@
-"""The subscriber's control service: status, pause, resume, reconnect now; and
+"""The subscriber's control service: status, pause, resume, reconnect now,
+unbreak; and
 :data:`AUTH_RULES`, who may call it once ``[auth] admin_token_hashes`` is set."""
 
 from __future__ import annotations
@@ -84,3 +85,10 @@ class ControlService(rpc.SubscriberControlServicer):
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
     ) -> pb.SubscriptionResponse:
         return await self._each(request, context, SubscriptionRunner.reconnect)
+
+    async def Unbreak(
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        return await self._each(request, context, SubscriptionRunner.unbreak)

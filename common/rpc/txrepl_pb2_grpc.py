@@ -376,6 +376,11 @@ class SubscriberControlStub:
                 request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
                 _registered_method=True)
+        self.Unbreak = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/Unbreak',
+                request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class SubscriberControlServicer:
@@ -405,6 +410,13 @@ class SubscriberControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Unbreak(self, request, context):
+        """A broken subscription (its retry_budget spent) connects again; others: no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubscriberControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -425,6 +437,11 @@ def add_SubscriberControlServicer_to_server(servicer, server):
             ),
             'Reconnect': grpc.unary_unary_rpc_method_handler(
                     servicer.Reconnect,
+                    request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'Unbreak': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unbreak,
                     request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
                     response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
             ),
@@ -535,6 +552,33 @@ class SubscriberControl:
             request,
             target,
             '/txrepl.v1.SubscriberControl/Reconnect',
+            txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unbreak(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/Unbreak',
             txrepl__pb2.SubscriptionRequest.SerializeToString,
             txrepl__pb2.SubscriptionResponse.FromString,
             options,

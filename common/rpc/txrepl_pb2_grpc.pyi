@@ -140,6 +140,8 @@ class SubscriberControlStub:
     Pause: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
     Resume: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
     Reconnect: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
+    Unbreak: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
+    """A broken subscription (its retry_budget spent) connects again; others: no-op."""
 
 @_typing.type_check_only
 class SubscriberControlAsyncStub(SubscriberControlStub):
@@ -148,6 +150,8 @@ class SubscriberControlAsyncStub(SubscriberControlStub):
     Pause: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
     Resume: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
     Reconnect: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
+    Unbreak: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
+    """A broken subscription (its retry_budget spent) connects again; others: no-op."""
 
 class SubscriberControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -177,5 +181,13 @@ class SubscriberControlServicer(metaclass=_abc_1.ABCMeta):
         request: _txrepl_pb2.SubscriptionRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Unbreak(
+        self,
+        request: _txrepl_pb2.SubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]:
+        """A broken subscription (its retry_budget spent) connects again; others: no-op."""
 
 def add_SubscriberControlServicer_to_server(servicer: SubscriberControlServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
