@@ -381,6 +381,21 @@ class SubscriberControlStub:
                 request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
                 _registered_method=True)
+        self.ListErrors = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/ListErrors',
+                request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.ErrorsResponse.FromString,
+                _registered_method=True)
+        self.RetryError = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/RetryError',
+                request_serializer=txrepl__pb2.ErrorRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SkipError = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/SkipError',
+                request_serializer=txrepl__pb2.ErrorRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class SubscriberControlServicer:
@@ -417,6 +432,26 @@ class SubscriberControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListErrors(self, request, context):
+        """The deferred-error queue (subscriber.apply.stored): list; retry (in order, or
+        re-execute a skipped entry); skip.  A refusal is FAILED_PRECONDITION, one line.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryError(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SkipError(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubscriberControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -443,6 +478,21 @@ def add_SubscriberControlServicer_to_server(servicer, server):
             'Unbreak': grpc.unary_unary_rpc_method_handler(
                     servicer.Unbreak,
                     request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'ListErrors': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListErrors,
+                    request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.ErrorsResponse.SerializeToString,
+            ),
+            'RetryError': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryError,
+                    request_deserializer=txrepl__pb2.ErrorRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'SkipError': grpc.unary_unary_rpc_method_handler(
+                    servicer.SkipError,
+                    request_deserializer=txrepl__pb2.ErrorRequest.FromString,
                     response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
             ),
     }
@@ -580,6 +630,87 @@ class SubscriberControl:
             target,
             '/txrepl.v1.SubscriberControl/Unbreak',
             txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListErrors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/ListErrors',
+            txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.ErrorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/RetryError',
+            txrepl__pb2.ErrorRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SkipError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/SkipError',
+            txrepl__pb2.ErrorRequest.SerializeToString,
             txrepl__pb2.SubscriptionResponse.FromString,
             options,
             channel_credentials,

@@ -267,11 +267,11 @@ class MetadataSql:
         done = self._run(
             cur,
             "UPDATE txrepl_errors SET status = 'skipped'"
-            " WHERE subscription = :subscription AND seq = :seq",
+            " WHERE subscription = :subscription AND seq = :seq AND status <> 'applied'",
             {"subscription": subscription, "seq": seq},
         )
-        if done.rowcount != 1:
-            raise ApplyError("no stored error", subscription=subscription, seq=seq)
+        if done.rowcount != 1:  # an applied entry stays applied: it must not run twice
+            raise ApplyError("no stored error not yet applied", subscription=subscription, seq=seq)
         if level < seq - 1:
             raise ApplyError(
                 f"the level is {level}: entries before {seq} are not applied yet",

@@ -13,9 +13,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import grpc
 import pytest
 
-from tests.support.harness import ROOT, Daemon, Pair, wait_until
+from common.rpc import txrepl_pb2 as pb
+from tests.support.harness import ROOT, Daemon, Pair, subscriber_control, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -41,7 +43,7 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
     src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
     try:
         pair.start_publisher()
-        pair.start_subscriber()
+        sub = pair.start_subscriber()
         src.execute("INSERT INTO t VALUES (1, 'a')")
         pair.wait_caught_up()
         # A rule only the target has: v must be unique there.
@@ -62,16 +64,29 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         [stored] = json.loads(listed.stdout)
         assert stored["status"] == "skipped"
         seq = str(stored["seq"])
+        control = subscriber_control(sub.address)
+        listed_rpc = control.ListErrors(pb.SubscriptionRequest(subscription="pub1.shop"))
+        assert [(e.seq, e.status) for e in listed_rpc.errors] == [(int(seq), "skipped")]
+        retry = pb.ErrorRequest(subscription="pub1.shop", seq=int(seq))
+        # Before the fix, the control service's retry fails in one line, changing nothing.
+        with pytest.raises(grpc.RpcError) as refused:
+            control.RetryError(retry)
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "UNIQUE" in str(refused.value.details())
+        assert _rows(pair.target_path) == [(1, "a"), (3, "c"), (4, "d")]
         # The cause fixed: the entry is re-executed, out of order, in its own transaction.
         with sqlite3.connect(str(pair.target_path)) as tgt:
             tgt.execute("DROP INDEX one_v")
-        done = _cli("subscriber", "errors", "retry", "pub1.shop", seq, "--config", config)
-        assert done.returncode == 0, done.stderr
+        control.RetryError(retry)
         assert _rows(pair.target_path) == _rows(pair.source_path)
         assert pair.status().level == head
+        # Once: neither the CLI's retry nor a skip touches an applied entry.
         again = _cli("subscriber", "errors", "retry", "pub1.shop", seq, "--config", config)
         assert again.returncode == 1
         assert "already applied" in again.stderr
+        skip = _cli("subscriber", "errors", "skip", "pub1.shop", seq, "--config", config)
+        assert skip.returncode == 1
+        assert "not yet applied" in skip.stderr
         # The daemon goes on from its level.
         src.execute("INSERT INTO t VALUES (5, 'e')")
         wait_until(lambda: (5, "e") in _rows(pair.target_path), 60, "the next entry")
