@@ -1,4 +1,5 @@
-"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect.
+"""``txrepl subscriber ...`` subcommands: run, check, status, pause, resume, reconnect,
+unbreak.
 
 Every ``txrepl`` command registers these parsers, so each command imports what it
 needs (the daemon, Spark, the RPC stubs) when it runs: the imports inside the
@@ -49,6 +50,7 @@ def register(sub: Any) -> None:
         ("pause", "pause a subscription (or all)"),
         ("resume", "resume a paused subscription (or all)"),
         ("reconnect", "drop the connection and connect again now"),
+        ("unbreak", "a broken subscription (retry budget spent) tries again now"),
     ):
         c = psub.add_parser(action, help=helptext)
         c.add_argument("--control", default="127.0.0.1:7401", help="control address host:port")
@@ -87,9 +89,12 @@ def _control(args: argparse.Namespace) -> int:
         if args.control_action == "status":
             resp: Any = stub.Status(pb.StatusRequest(), timeout=10)
         else:
-            method = {"pause": stub.Pause, "resume": stub.Resume, "reconnect": stub.Reconnect}[
-                args.control_action
-            ]
+            method = {
+                "pause": stub.Pause,
+                "resume": stub.Resume,
+                "reconnect": stub.Reconnect,
+                "unbreak": stub.Unbreak,
+            }[args.control_action]
             resp = method(pb.SubscriptionRequest(subscription=args.subscription), timeout=10)
     except grpc.RpcError as e:
         line, status = rpc_failure(e, plaintext=tls is None)

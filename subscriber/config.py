@@ -70,8 +70,13 @@ class SubscriptionConfig:
     # or loads a snapshot when seq 1 was purged; "snapshot" always loads one;
     # "log" never does.
     initial: Literal["auto", "log", "snapshot"] = "auto"
+    # Failed attempts in a row (sessions that ended in error without progress) after
+    # which the subscription is "broken" until an operator's unbreak; 0: never.
+    retry_budget: int = 16
 
     def __post_init__(self) -> None:
+        if self.retry_budget < 0:
+            raise ValueError("retry_budget must be 0 (never broken) or more")
         for field in ("publisher", "publication"):
             if not _NAME.match(getattr(self, field)):
                 raise ValueError(f"{field} {getattr(self, field)!r} is not a valid name")

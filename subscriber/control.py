@@ -1,8 +1,10 @@
-"""The subscriber's control service: status, pause, resume, reconnect now; and
+"""The subscriber's control service: status, pause, resume, reconnect now,
+unbreak; and
 :data:`AUTH_RULES`, who may call it once ``[auth] admin_token_hashes`` is set."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping
 
 import grpc
@@ -11,6 +13,8 @@ from common.errors import MAX_NAME
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import Rule
+from subscriber.apply import ApplyError
+from subscriber.control_errors import errors_of, retry_in_daemon, skip_in_daemon
 from subscriber.subscription import SubscriptionRunner
 
 __all__ = ["AUTH_RULES", "ControlService"]
@@ -84,3 +88,48 @@ class ControlService(rpc.SubscriberControlServicer):
         context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
     ) -> pb.SubscriptionResponse:
         return await self._each(request, context, SubscriptionRunner.reconnect)
+
+    async def Unbreak(
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        return await self._each(request, context, SubscriptionRunner.unbreak)
+
+    async def ListErrors(
+        self,
+        request: pb.SubscriptionRequest,
+        context: grpc.aio.ServicerContext[pb.SubscriptionRequest, pb.ErrorsResponse],
+    ) -> pb.ErrorsResponse:
+        runners = await self._select(request, context)  # type: ignore[arg-type]
+        return await asyncio.to_thread(errors_of, runners)
+
+    async def RetryError(
+        self,
+        request: pb.ErrorRequest,
+        context: grpc.aio.ServicerContext[pb.ErrorRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        return await self._on_error(request, context, retry_in_daemon)
+
+    async def SkipError(
+        self,
+        request: pb.ErrorRequest,
+        context: grpc.aio.ServicerContext[pb.ErrorRequest, pb.SubscriptionResponse],
+    ) -> pb.SubscriptionResponse:
+        return await self._on_error(request, context, skip_in_daemon)
+
+    async def _on_error(
+        self,
+        request: pb.ErrorRequest,
+        context: grpc.aio.ServicerContext[pb.ErrorRequest, pb.SubscriptionResponse],
+        action: Callable[[SubscriptionRunner, int], None],
+    ) -> pb.SubscriptionResponse:
+        if not request.subscription:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "name the subscription")
+        select = pb.SubscriptionRequest(subscription=request.subscription)
+        [runner] = await self._select(select, context)  # type: ignore[arg-type]
+        try:
+            await asyncio.to_thread(action, runner, request.seq)
+        except ApplyError as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        return pb.SubscriptionResponse(subscriptions=[runner.status()])

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 __all__ = ["Subscriber", "run"]
 
 # States that wait for a person (subscriber/state.py): the subscription does not serve.
-STUCK = ("error", "invalid")
+STUCK = ("error", "invalid", "broken")
 
 log = structlog.get_logger(__name__)
 

@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     ls.add_argument("--json", action="store_true")
     ls.set_defaults(func=requires_extra(_list))
     for name, helptext in (
-        ("retry", "apply the stored entry now (after fixing the target)"),
+        ("retry", "apply the stored entry now (after fixing the target); re-execute a skipped one"),
         ("skip", "move the level past the stored entry without applying it"),
     ):
         c = actions.add_parser(name, help=helptext)

@@ -12,6 +12,9 @@ States and transitions (each logged and kept, timestamped, in the timeline)::
                level, apply failure); waits for an operator's reconnect
     invalid  : the publisher refused us as invalid; waits for re-initialisation,
                mark-valid, then a reconnect
+    broken   : ``retry_budget`` attempts in a row failed (publisher unreachable,
+               refused, ...); logged as an error, no more attempts until an
+               operator's unbreak (Oracle's broken job), then ``disconnected``
 
 In sync means: the publisher said InSync(head) on this stream, and our level
 has reached that head (:meth:`SubscriptionState.at_head`); the stream notices
@@ -43,6 +46,7 @@ STATES = (
     "error",
     "invalid",
     "scheduled",
+    "broken",
 )
 
 _TIMELINE = 100  # transitions kept; status shows the last 20

@@ -16,6 +16,7 @@ next state (the diagram is in subscriber.state; the errors in subscriber.errors)
     SnapshotRequired ............... load a snapshot, then reconnect at once
     Interrupted .................... reconnect at once (or stay paused/stopped)
     InvalidSubscriber .............. ``invalid``, until an operator's reconnect
+    ``retry_budget`` failures in a row ``broken``, until an operator's unbreak
     PermanentFeedError, ApplyError . ``error``, until an operator's reconnect
 
 When a session ends, the batch being applied finishes (a thread cannot be
@@ -88,6 +89,7 @@ class SubscriptionRunner:
         st = applier.load_state()
         self.st = SubscriptionState(self.name, st.level, st.incarnation)
         self._paused = False
+        self._broken = False
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._interrupted = asyncio.Event()
@@ -146,6 +148,13 @@ class SubscriptionRunner:
         self._paused = False
         self._interrupt()
         self._wake.set()
+
+    def unbreak(self) -> None:
+        """A broken subscription tries again now, with its full retry budget."""
+        if self._broken:
+            self._broken = False
+            self.st.set("disconnected", "unbroken by operator")
+            self._wake.set()
 
     def stop(self) -> None:
         self._stop.set()
@@ -259,10 +268,28 @@ class SubscriptionRunner:
             if self._stop.is_set():
                 break
             failures = 1 if progressed else failures + 1
+            if 0 < self.config.retry_budget <= failures:
+                await self._broken_until_unbreak(failures)
+                failures = 0
+                continue
             delay = self.backoff.delay(failures, random.random())
             log.info("reconnecting", subscription=self.name, in_s=round(delay, 2), attempt=failures)
             await self._sleep(delay)
         st.set("disconnected", "stopped")
+
+    async def _broken_until_unbreak(self, failures: int) -> None:
+        st = self.st
+        self._broken = True
+        st.fail("broken", f"{failures} attempts in a row failed; last: {st.last_error}")
+        log.error(
+            "subscription broken: its retry budget is spent; fix the cause, then "
+            "'txrepl subscriber unbreak'",
+            subscription=self.name,
+            attempts=failures,
+            last_error=st.last_error,
+        )
+        while self._broken and not self._stop.is_set():
+            await self._sleep(_LONG)
 
     async def _load_snapshot(self, reason: str) -> None:
         assert self.snapshot is not None

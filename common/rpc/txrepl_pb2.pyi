@@ -1490,3 +1490,80 @@ class SubscriptionResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscriptionResponse: _TypeAlias = SubscriptionResponse  # noqa: Y015
+
+@_typing.final
+class ErrorRequest(_message.Message):
+    """One stored apply error (the target's txrepl_errors), by subscription and seq."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    subscription: _builtins.str
+    """required"""
+    seq: _builtins.int
+    def __init__(
+        self,
+        *,
+        subscription: _builtins.str = ...,
+        seq: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["seq", b"seq", "subscription", b"subscription"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErrorRequest: _TypeAlias = ErrorRequest  # noqa: Y015
+
+@_typing.final
+class StoredErrorInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBSCRIPTION_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    CREATED_AT_FIELD_NUMBER: _builtins.int
+    subscription: _builtins.str
+    seq: _builtins.int
+    status: _builtins.str
+    """open | skipped | applied"""
+    error: _builtins.str
+    created_at: _builtins.str
+    def __init__(
+        self,
+        *,
+        subscription: _builtins.str = ...,
+        seq: _builtins.int = ...,
+        status: _builtins.str = ...,
+        error: _builtins.str = ...,
+        created_at: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["created_at", b"created_at", "error", b"error", "seq", b"seq", "status", b"status", "subscription", b"subscription"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StoredErrorInfo: _TypeAlias = StoredErrorInfo  # noqa: Y015
+
+@_typing.final
+class ErrorsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERRORS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def errors(self) -> _containers.RepeatedCompositeFieldContainer[Global___StoredErrorInfo]: ...
+    def __init__(
+        self,
+        *,
+        errors: _abc.Iterable[Global___StoredErrorInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ErrorsResponse: _TypeAlias = ErrorsResponse  # noqa: Y015

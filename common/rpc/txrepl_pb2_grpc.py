@@ -462,6 +462,26 @@ class SubscriberControlStub:
                 request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
                 _registered_method=True)
+        self.Unbreak = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/Unbreak',
+                request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
+        self.ListErrors = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/ListErrors',
+                request_serializer=txrepl__pb2.SubscriptionRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.ErrorsResponse.FromString,
+                _registered_method=True)
+        self.RetryError = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/RetryError',
+                request_serializer=txrepl__pb2.ErrorRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
+        self.SkipError = channel.unary_unary(
+                '/txrepl.v1.SubscriberControl/SkipError',
+                request_serializer=txrepl__pb2.ErrorRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.SubscriptionResponse.FromString,
+                _registered_method=True)
 
 
 class SubscriberControlServicer:
@@ -491,6 +511,33 @@ class SubscriberControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Unbreak(self, request, context):
+        """A broken subscription (its retry_budget spent) connects again; others: no-op.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListErrors(self, request, context):
+        """The deferred-error queue (subscriber.apply.stored): list; retry (in order, or
+        re-execute a skipped entry); skip.  A refusal is FAILED_PRECONDITION, one line.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RetryError(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SkipError(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SubscriberControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -512,6 +559,26 @@ def add_SubscriberControlServicer_to_server(servicer, server):
             'Reconnect': grpc.unary_unary_rpc_method_handler(
                     servicer.Reconnect,
                     request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'Unbreak': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unbreak,
+                    request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'ListErrors': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListErrors,
+                    request_deserializer=txrepl__pb2.SubscriptionRequest.FromString,
+                    response_serializer=txrepl__pb2.ErrorsResponse.SerializeToString,
+            ),
+            'RetryError': grpc.unary_unary_rpc_method_handler(
+                    servicer.RetryError,
+                    request_deserializer=txrepl__pb2.ErrorRequest.FromString,
+                    response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
+            ),
+            'SkipError': grpc.unary_unary_rpc_method_handler(
+                    servicer.SkipError,
+                    request_deserializer=txrepl__pb2.ErrorRequest.FromString,
                     response_serializer=txrepl__pb2.SubscriptionResponse.SerializeToString,
             ),
     }
@@ -622,6 +689,114 @@ class SubscriberControl:
             target,
             '/txrepl.v1.SubscriberControl/Reconnect',
             txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unbreak(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/Unbreak',
+            txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListErrors(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/ListErrors',
+            txrepl__pb2.SubscriptionRequest.SerializeToString,
+            txrepl__pb2.ErrorsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RetryError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/RetryError',
+            txrepl__pb2.ErrorRequest.SerializeToString,
+            txrepl__pb2.SubscriptionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SkipError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.SubscriberControl/SkipError',
+            txrepl__pb2.ErrorRequest.SerializeToString,
             txrepl__pb2.SubscriptionResponse.FromString,
             options,
             channel_credentials,

@@ -158,6 +158,14 @@ class SubscriberControlStub:
     Pause: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
     Resume: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
     Reconnect: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
+    Unbreak: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]
+    """A broken subscription (its retry_budget spent) connects again; others: no-op."""
+    ListErrors: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.ErrorsResponse]
+    """The deferred-error queue (subscriber.apply.stored): list; retry (in order, or
+    re-execute a skipped entry); skip.  A refusal is FAILED_PRECONDITION, one line.
+    """
+    RetryError: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.ErrorRequest, _txrepl_pb2.SubscriptionResponse]
+    SkipError: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.ErrorRequest, _txrepl_pb2.SubscriptionResponse]
 
 @_typing.type_check_only
 class SubscriberControlAsyncStub(SubscriberControlStub):
@@ -166,6 +174,14 @@ class SubscriberControlAsyncStub(SubscriberControlStub):
     Pause: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
     Resume: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
     Reconnect: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
+    Unbreak: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
+    """A broken subscription (its retry_budget spent) connects again; others: no-op."""
+    ListErrors: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.SubscriptionRequest, _txrepl_pb2.ErrorsResponse]  # type: ignore[assignment]
+    """The deferred-error queue (subscriber.apply.stored): list; retry (in order, or
+    re-execute a skipped entry); skip.  A refusal is FAILED_PRECONDITION, one line.
+    """
+    RetryError: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.ErrorRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
+    SkipError: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.ErrorRequest, _txrepl_pb2.SubscriptionResponse]  # type: ignore[assignment]
 
 class SubscriberControlServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -193,6 +209,38 @@ class SubscriberControlServicer(metaclass=_abc_1.ABCMeta):
     def Reconnect(
         self,
         request: _txrepl_pb2.SubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Unbreak(
+        self,
+        request: _txrepl_pb2.SubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]:
+        """A broken subscription (its retry_budget spent) connects again; others: no-op."""
+
+    @_abc_1.abstractmethod
+    def ListErrors(
+        self,
+        request: _txrepl_pb2.SubscriptionRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.ErrorsResponse, _abc.Awaitable[_txrepl_pb2.ErrorsResponse]]:
+        """The deferred-error queue (subscriber.apply.stored): list; retry (in order, or
+        re-execute a skipped entry); skip.  A refusal is FAILED_PRECONDITION, one line.
+        """
+
+    @_abc_1.abstractmethod
+    def RetryError(
+        self,
+        request: _txrepl_pb2.ErrorRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SkipError(
+        self,
+        request: _txrepl_pb2.ErrorRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_txrepl_pb2.SubscriptionResponse, _abc.Awaitable[_txrepl_pb2.SubscriptionResponse]]: ...
 

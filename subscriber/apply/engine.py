@@ -168,6 +168,10 @@ class Applier(Planning):
     def writer(self) -> Writer:
         return self._writer
 
+    @property
+    def spark(self) -> SparkSession:
+        return self._spark
+
     def configure(self, options: ApplyOptions | Any) -> None:
         """Set the options: an :class:`ApplyOptions` or a ``subscriber.config.ApplyConfig``."""
         if not isinstance(options, ApplyOptions):

@@ -76,7 +76,8 @@ class StoredError:
     """One row of the target's ``txrepl_errors``: an entry that could not be applied.
 
     ``status``: ``open`` (the subscription stopped before it), ``skipped`` (the level
-    moved past it without applying it) or ``applied`` (a retry applied it).
+    moved past it without applying it) or ``applied`` (a retry applied it, in order
+    or re-executed after the level passed it).
     """
 
     subscription: str
@@ -168,12 +169,16 @@ class Writer(Protocol):
         first_seq: int,
         last_seq: int,
         steps: Sequence[Step],
+        *,
+        reexecute: bool = False,
     ) -> int:
         """Apply ``steps`` and move the level to ``last_seq``, atomically.
 
         Raises :class:`GapError` (changing nothing) unless the stored level is
         ``first_seq - 1`` and the stored incarnation is empty or ``incarnation``.
-        Returns the number of target rows deleted or upserted.
+        Returns the number of target rows deleted or upserted.  ``reexecute``:
+        ``first_seq`` is a stored, skipped entry the level has passed; apply it and
+        mark it ``applied`` instead of moving the level (subscriber.apply.stored).
         """
         ...
 

@@ -11,6 +11,14 @@ Three tables, in the target database beside the replicated ones::
         entries stored whole because they failed on their own; status
         ``open`` | ``skipped`` | ``applied``
 
+A batch normally runs between :meth:`MetadataSql.open_batch` (lock the level row,
+refuse unless it is just before the batch) and :meth:`MetadataSql.close_batch`
+(move the level).  A *re-execution* (``reexecute=True``, see
+:mod:`subscriber.apply.stored`) is the one exception: it applies a stored,
+``skipped`` entry the level has already passed, in its own transaction, under the
+same level lock; it leaves the level where it is and marks the entry ``applied``
+in that transaction, so a re-execution happens at most once.
+
 A writer (or a snapshot loader) opens the transaction and translates its driver's
 errors; the statements and the rules (the level check, what a skip may move) are
 here, once, for every dialect.  A dialect gives a :class:`MetadataSql`: its
@@ -125,6 +133,44 @@ class MetadataSql:
         level, stored = self.lock_level(cur, subscription)
         check_level(subscription, incarnation, first_seq, level, stored)
 
+    def open_batch(
+        self, cur: Executor, subscription: str, incarnation: str, first_seq: int, reexecute: bool
+    ) -> None:
+        """Start a batch's transaction: :meth:`check_and_lock`, or for a re-execution
+        lock the level and refuse unless ``first_seq`` is a stored, skipped entry the
+        level has passed."""
+        if not reexecute:
+            self.check_and_lock(cur, subscription, incarnation, first_seq)
+            return
+        level, _ = self.lock_level(cur, subscription)
+        row = self._run(
+            cur,
+            "SELECT status FROM txrepl_errors WHERE subscription = :subscription AND seq = :seq",
+            {"subscription": subscription, "seq": first_seq},
+        ).fetchone()
+        if row is None or row[0] != "skipped" or level < first_seq:
+            raise ApplyError(
+                "only a skipped entry the level has passed can be re-executed "
+                f"(status {row[0] if row else 'none'}, level {level})",
+                subscription=subscription,
+                seq=first_seq,
+            )
+
+    def close_batch(
+        self,
+        cur: Executor,
+        subscription: str,
+        incarnation: str,
+        seq_range: tuple[int, int],
+        reexecute: bool,
+    ) -> None:
+        """End a batch's transaction: move the level to the last seq, or for a
+        re-execution mark the entry applied and leave the level."""
+        if reexecute:
+            self.mark_error(cur, subscription, seq_range[0], "applied")
+        else:
+            self.set_level(cur, subscription, incarnation, seq_range[1])
+
     # -- schemas -----------------------------------------------------------------
 
     def record_schema(self, cur: Executor, subscription: str, schema: pb.TableSchema) -> None:
@@ -221,11 +267,11 @@ class MetadataSql:
         done = self._run(
             cur,
             "UPDATE txrepl_errors SET status = 'skipped'"
-            " WHERE subscription = :subscription AND seq = :seq",
+            " WHERE subscription = :subscription AND seq = :seq AND status <> 'applied'",
             {"subscription": subscription, "seq": seq},
         )
-        if done.rowcount != 1:
-            raise ApplyError("no stored error", subscription=subscription, seq=seq)
+        if done.rowcount != 1:  # an applied entry stays applied: it must not run twice
+            raise ApplyError("no stored error not yet applied", subscription=subscription, seq=seq)
         if level < seq - 1:
             raise ApplyError(
                 f"the level is {level}: entries before {seq} are not applied yet",

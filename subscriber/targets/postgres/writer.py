@@ -316,17 +316,19 @@ class PostgresWriter:
         first_seq: int,
         last_seq: int,
         steps: Sequence[Step],
+        reexecute: bool = False,  # a stored, skipped entry: see targets.metadata
     ) -> int:
         def body(cur: psycopg.Cursor[Any]) -> int:
-            METADATA_SQL.check_and_lock(cur, subscription, incarnation, first_seq)
+            METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
             rows = [s.schema.table for s in steps if isinstance(s, RowsStep)]
             advance_sequences(cur, rows, self._seqs)
-            METADATA_SQL.set_level(cur, subscription, incarnation, last_seq)
+            METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)
             return written
 
+        seqs = (first_seq, last_seq)
         with self._lock:
             staged = self._jdbc_stages(subscription, first_seq, steps)
             written: int = self._run(subscription, first_seq, body)

@@ -204,12 +204,14 @@ class SqliteWriter:
         first_seq: int,
         last_seq: int,
         steps: Sequence[Step],
+        *,
+        reexecute: bool = False,
     ) -> int:
         with self._lock:
             conn = self._conn
             try:
                 conn.execute("BEGIN IMMEDIATE")
-                METADATA_SQL.check_and_lock(conn, subscription, incarnation, first_seq)
+                METADATA_SQL.open_batch(conn, subscription, incarnation, first_seq, reexecute)
                 self._guard.ensure(conn)
                 conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
                 written = 0
@@ -217,7 +219,8 @@ class SqliteWriter:
                     written += self._step(subscription, step)
                 self._guard.ensure(conn)  # a replicated schema op or SQL may add triggers
                 conn.execute("DELETE FROM txrepl_applying")
-                METADATA_SQL.set_level(conn, subscription, incarnation, last_seq)
+                seqs = (first_seq, last_seq)
+                METADATA_SQL.close_batch(conn, subscription, incarnation, seqs, reexecute)
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:

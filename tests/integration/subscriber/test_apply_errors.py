@@ -13,6 +13,7 @@ import pytest
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import (
     Applier,
+    ApplyError,
     ApplyOptions,
     PoisonEntryError,
     TransientError,
@@ -35,12 +36,19 @@ class Flaky:
         self.dialect = inner.dialect
 
     def write(
-        self, subscription: str, incarnation: str, first: int, last: int, steps: Sequence[Step]
+        self,
+        subscription: str,
+        incarnation: str,
+        first: int,
+        last: int,
+        steps: Sequence[Step],
+        *,
+        reexecute: bool = False,
     ) -> int:
         if self.failures:
             self.failures -= 1
             raise TransientError("connection lost (injected)", subscription=subscription)
-        return self.inner.write(subscription, incarnation, first, last, steps)
+        return self.inner.write(subscription, incarnation, first, last, steps, reexecute=reexecute)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -149,3 +157,31 @@ def test_operator_skip_moves_the_level(spark: Any, writer: Writer, backend: Back
     applier.load_state()
     applier.apply(7, stream[6:], incarnation=INC)
     assert [r[0] for r in backend.rows("items")] == [1, 2, 3, 4, 6, 7, 8, 9]
+
+
+def test_skipped_entry_is_re_executed_after_later_ones(
+    spark: Any, writer: Writer, backend: Backend
+) -> None:
+    """Deferred-error queue: a skipped entry is re-executed once the cause is fixed,
+    after the entries behind it were applied; the level stays, the target ends equal
+    to the source, and the entry cannot run twice."""
+    stream = poisoned_stream()
+    applier = Applier(spark, writer, "sub", options=ApplyOptions(error_policy="skip"))
+    applier.apply(1, stream[:1], incarnation=INC)
+    add_check(backend)
+    assert applier.apply(2, stream[1:], incarnation=INC).skipped == (6,)
+    assert [r[0] for r in backend.rows("items")] == [1, 2, 3, 4, 6, 7, 8, 9]
+    # Before the fix: it fails again, changes nothing, stays skipped.
+    with pytest.raises(ApplyError, match="no_bad"):
+        retry_error(applier, 6)
+    assert [(e.seq, e.status) for e in list_errors(writer)] == [(6, "skipped")]
+    drop_check(backend)
+    assert retry_error(applier, 6).level == 10
+    assert applier.load_state().level == 10
+    assert backend.rows("items") == [(k, "bad" if k == 5 else f"n{k}", None) for k in range(1, 10)]
+    assert [(e.seq, e.status) for e in list_errors(writer)] == [(6, "applied")]
+    with pytest.raises(ApplyError, match="already applied"):
+        retry_error(applier, 6)
+    # The stream goes on from the unchanged level.
+    applier.apply(11, [entry(ins("items", 10, "n10", None))], incarnation=INC)
+    assert len(backend.rows("items")) == 10
