@@ -61,7 +61,7 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         config = str(tmp_path / "subscriber.toml")
         listed = _cli("subscriber", "errors", "list", "--config", config, "--json")
         assert listed.returncode == 0, listed.stderr
-        [stored] = json.loads(listed.stdout)
+        [stored] = json.loads(listed.stdout)["errors"]
         assert stored["status"] == "skipped"
         seq = str(stored["seq"])
         control = subscriber_control(sub.address)
