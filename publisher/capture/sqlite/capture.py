@@ -55,6 +55,7 @@ from pathlib import Path
 
 import structlog
 
+from common import values
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode, parse_declared_type
 from publisher.capture.sqlite.shapes import (
@@ -65,7 +66,7 @@ from publisher.capture.sqlite.shapes import (
     qident,
     trigger_name,
 )
-from publisher.errors import SourceError
+from publisher.errors import RowTooLarge, SourceError
 
 __all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
 
@@ -106,6 +107,7 @@ class CapturedRow:
     k: object
     v: object
     gen: int | None = None  # None: captured by a build older than generations
+    size: int = 0  # bytes of k and v as stored (either may be left unread: read())
 
 
 class SqliteCapture:
@@ -339,31 +341,56 @@ class SqliteCapture:
             return True
         return False
 
-    def read(self, after_id: int, upto_id: int | None = None) -> list[CapturedRow]:
-        """Every captured row with after_id < id (<= upto_id), in one read transaction.
+    def read(
+        self, after_id: int, upto_id: int | None = None, *, max_bytes: int | None = None
+    ) -> list[CapturedRow]:
+        """Captured rows with after_id < id (<= upto_id), in id order, in one read transaction.
+
+        ``max_bytes``: stop after the row that brings the rows' ``k`` and ``v`` to
+        that many bytes (at least one row is read: the caller continues after the
+        last id); a ``k`` or ``v`` longer than it alone is not read at all (None,
+        with ``size`` set: :meth:`build_entries` refuses the row by name).
 
         If the source's schema moved since the last refresh, refresh first (in
         the same read transaction as the rows, the schema version is checked):
         the rows returned were all written after any change was logged.
         """
         c = self._conn
+        big = max_bytes if max_bytes is not None else 2**62
         query = (
-            "SELECT id, pub, tbl, op, k, v, gen FROM _txrepl_capture WHERE id > ? AND id <= ?"
-            " ORDER BY id"
+            "SELECT id, pub, tbl, op,"
+            " CASE WHEN length(k) > :big THEN NULL ELSE k END,"
+            " CASE WHEN length(v) > :big THEN NULL ELSE v END, gen,"
+            " coalesce(length(k), 0) + coalesce(length(v), 0)"
+            " FROM _txrepl_capture WHERE id > :after AND id <= :upto ORDER BY id"
         )
-        bounds = (after_id, upto_id if upto_id is not None else 2**63 - 1)
+        bounds = {
+            "after": after_id,
+            "upto": upto_id if upto_id is not None else 2**63 - 1,
+            "big": big,
+        }
+
+        def fetch() -> list[CapturedRow]:
+            out: list[CapturedRow] = []
+            total = 0
+            for r in c.execute(query, bounds):
+                out.append(CapturedRow(*r))
+                total += r[7]
+                if max_bytes is not None and total >= max_bytes:
+                    break
+            return out
+
         for _ in range(10):
             c.execute("BEGIN")
             try:
                 if self.schema_version() == self._schema_version:
-                    rows = c.execute(query, bounds).fetchall()
-                    return [CapturedRow(*r) for r in rows]
+                    return fetch()
             finally:
                 c.execute("COMMIT")
             self.refresh()
         # DDL faster than we can follow: the rows are still exact (their generation says
         # their shape); the next poll logs the change.
-        return [CapturedRow(*r) for r in c.execute(query, bounds).fetchall()]
+        return fetch()
 
     def release(self, upto_id: int) -> None:
         """Delete captured rows that every publication has durably logged."""
@@ -390,14 +417,50 @@ class SqliteCapture:
         after_id: int,
         tables: Mapping[str, int],
     ) -> tuple[pb.Entry | None, int]:
-        """Ops of ``rows`` that belong to ``publication``; returns (entry or None, last id).
+        """Ops of ``rows`` that belong to ``publication`` as one entry (no size limit)."""
+        entries, last = self.build_entries(publication, rows, after_id, tables)
+        return (entries[0] if entries else None), last
 
-        A row of a generation whose schema this publication's log has not seen
-        (since this process started) is preceded by that schema (shapes.py).
+    def build_entries(
+        self,
+        publication: str,
+        rows: Iterable[CapturedRow],
+        after_id: int,
+        tables: Mapping[str, int],
+        max_bytes: int | None = None,
+    ) -> tuple[list[pb.Entry], int]:
+        """Ops of ``rows`` that belong to ``publication``; returns (entries, last id).
+
+        With ``max_bytes``, each entry's ops stay within it (a new entry starts
+        when the next op would not fit) and a row change alone over it raises
+        :class:`RowTooLarge`, naming its table and key.  A row of a generation
+        whose schema this publication's log has not seen (since this process
+        started) is preceded by that schema (shapes.py).
         """
+        limit = max_bytes if max_bytes is not None else 2**62
+        entries: list[pb.Entry] = []
         entry = pb.Entry()
+        size = 0
         last = after_id
         logged = self._logged
+
+        def room(op: pb.Op) -> None:
+            nonlocal entry, size
+            n = op.ByteSize() + 6  # the op's tag and length
+            if n > limit:
+                raise RowTooLarge(
+                    publication=publication,
+                    table=op.row.table or op.schema.table,
+                    key=_key_text(op.row),
+                    size=n,
+                    limit=limit,
+                )
+            if size + n > limit and entry.ops:
+                entries.append(entry)
+                entry, size = pb.Entry(), 0
+            entry.ops.append(op)
+            size += n
+
         for r in rows:
             if r.id <= after_id:
                 continue
@@ -409,14 +472,27 @@ class SqliteCapture:
                 continue
             if r.op == "S":
                 assert isinstance(r.v, bytes)
-                entry.ops.add().schema.MergeFromString(r.v)
+                op = pb.Op()
+                op.schema.MergeFromString(r.v)
+                room(op)
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
             if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
-                entry.ops.add().schema.CopyFrom(shape.schema)
+                op = pb.Op()
+                op.schema.CopyFrom(shape.schema)
+                room(op)
                 logged[(publication, r.tbl)] = r.gen
-            rc = entry.ops.add().row
+            if r.size > limit:
+                raise RowTooLarge(
+                    publication=publication,
+                    table=r.tbl,
+                    key=self._large_key(r, shape),
+                    size=r.size,
+                    limit=limit,
+                )
+            op = pb.Op()
+            rc = op.row
             rc.table = r.tbl
             rc.op = _OPS[r.op]
             if r.k is not None:
@@ -431,11 +507,41 @@ class SqliteCapture:
                     encode(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
-        if not entry.ops:
-            return None, last
-        entry.commit_time_us = int(time.time() * 1_000_000)
-        entry.source_position = str(last)
-        return entry, last
+            room(op)
+        if entry.ops:
+            entries.append(entry)
+        now = int(time.time() * 1_000_000)
+        for e in entries:
+            e.commit_time_us = now
+            e.source_position = str(last)
+        return entries, last
+
+    def _large_key(self, r: CapturedRow, shape: _Shape) -> str:
+        """The key of a row too large to read, read alone from SQLite (json_extract)."""
+        names = [c.name for c in shape.schema.columns]
+        at = [names.index(k) for k in shape.schema.primary_key]
+        if not at:
+            return "(no key)"
+        col = "k" if r.op in ("U", "D") else "v"
+        parts = ", ".join(
+            f"json_extract({col}, '$[{i if col == 'v' else n}]')" for n, i in enumerate(at)
+        )
+        got = self._conn.execute(f"SELECT {parts} FROM _txrepl_capture WHERE id = ?", (r.id,))
+        row = got.fetchone() or ()
+        return (
+            "("
+            + ", ".join(
+                f"{k}={parse_sql_literal(str(x)) if x is not None else None!r}"
+                for k, x in zip(shape.schema.primary_key, row, strict=False)
+            )
+            + ")"
+        )
+
+
+def _key_text(rc: pb.RowChange) -> str:
+    """A row change's key, as an operator reads it (for the error naming it)."""
+    vals = rc.key if len(rc.key) else rc.row[:1]
+    return "(" + ", ".join(str(values.decode(v)) for v in vals) + ")"
 
 
 _OPS = {
