@@ -85,7 +85,7 @@ import pyarrow as pa
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
 from subscriber.apply._plan import Planning
-from subscriber.apply.entry import AnyEntry
+from subscriber.apply.entry import AnyEntry, group_half
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -332,10 +332,12 @@ class Applier(Planning):
                 raise
             except ApplyError as exc:
                 failure = exc
-        if len(entries) == 1:
-            self._poison(first_seq, entries[0], incarnation, failure)
+        # -- groups (issue 21, common/fragments.py S1): halves end at group ends --
+        half = group_half(entries)
+        if half == 0:  # one group: stored as its first fragment; a group is never skipped
+            self._poison(first_seq, entries[0], incarnation, failure, alone=len(entries) == 1)
             return 0, 0, [first_seq]
-        half = len(entries) // 2
+        # -- end groups --
         r1, w1, s1 = self._apply_or_narrow(first_seq, entries[:half], incarnation, None)
         r2, w2, s2 = self._apply_or_narrow(first_seq + half, entries[half:], incarnation, None)
         return r1 + r2, w1 + w2, s1 + s2
@@ -379,9 +381,21 @@ class Applier(Planning):
         self._state = SubscriptionState(last_seq, incarnation, schemas)
         return rows, written
 
-    def _poison(self, seq: int, entry: AnyEntry, incarnation: str, failure: ApplyError) -> None:
-        """Store the failing entry; raise PoisonEntryError unless the policy is skip."""
-        skip = self.options.error_policy == "skip"
+    def _poison(
+        self,
+        seq: int,
+        entry: AnyEntry,
+        incarnation: str,
+        failure: ApplyError,
+        *,
+        alone: bool = True,
+    ) -> None:
+        """Store the failing entry; raise PoisonEntryError unless the policy is skip.
+
+        ``alone=False``: the entry is the first fragment of a failing group, which
+        is never skipped (the level would point inside the group).
+        """
+        skip = self.options.error_policy == "skip" and alone
         error = str(failure)
         payload = entry.SerializeToString()
         self._retrying(
