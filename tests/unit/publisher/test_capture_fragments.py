@@ -101,7 +101,8 @@ def test_a_row_over_the_limit_is_refused_by_name_and_other_publications_go_on(
     source.step()
     refused = source.refused["p_docs"]
     assert isinstance(refused, RowTooLarge)
-    assert "'docs'" in str(refused) and "id=77" in str(refused)
+    assert "'docs'" in str(refused)
+    assert "id=77" in str(refused)
     assert "max_entry_bytes" in str(refused)
     assert _ids(read_entries(notes)) == list(range(1, 301))
     # Nothing of the docs group reaches a subscriber: an open group was aborted (P3),
@@ -150,7 +151,8 @@ def test_publisher_killed_while_writing_fragments_loses_and_doubles_nothing(
         child.wait()
     pub = open_pub(tmp_path / "logs", "p_docs", ["docs"])
     killed = read_entries(pub)
-    assert killed[-1].aborted and not killed[-1].ops, "the kill did not land inside the group"
+    assert killed[-1].aborted, "the kill did not land inside the group"
+    assert not killed[-1].ops
     assert killed[-2].continued
     source = SqliteSource(tmp_path / "src.db", max_entry_bytes=LIMIT)
     source.pubs = [pub]
