@@ -31,8 +31,11 @@ SourceError raised at start-up stops the publisher with its message.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
+from common import values
 from common.errors import TxreplError
 from common.feedstatus import RefusalKind
 from common.rpc import txrepl_pb2 as pb
@@ -80,6 +83,12 @@ class RowTooLarge(SourceError):
         self.publication = publication
         self.table = table
         self.key = key
+
+
+def key_text(rc: pb.RowChange, key_idx: Sequence[int]) -> str:
+    """A row change's key as an operator reads it: ``(v1, v2)``, each value cut at 60."""
+    vals = list(rc.key) if len(rc.key) else [rc.row[i] for i in key_idx if i < len(rc.row)]
+    return "(" + ", ".join(repr(values.decode(v))[:60] for v in vals) + ")"
 
 
 class FeedRefused(PublisherError):

@@ -55,7 +55,6 @@ from pathlib import Path
 
 import structlog
 
-from common import values
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode, parse_declared_type
 from publisher.capture.sqlite.shapes import (
@@ -66,7 +65,7 @@ from publisher.capture.sqlite.shapes import (
     qident,
     trigger_name,
 )
-from publisher.errors import RowTooLarge, SourceError
+from publisher.errors import RowTooLarge, SourceError, key_text
 
 __all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
 
@@ -444,14 +443,14 @@ class SqliteCapture:
         last = after_id
         logged = self._logged
 
-        def room(op: pb.Op) -> None:
+        def room(op: pb.Op, key_idx: Sequence[int] = ()) -> None:
             nonlocal entry, size
             n = op.ByteSize() + 6  # the op's tag and length
             if n > limit:
                 raise RowTooLarge(
                     publication=publication,
                     table=op.row.table or op.schema.table,
-                    key=_key_text(op.row),
+                    key=key_text(op.row, key_idx),
                     size=n,
                     limit=limit,
                 )
@@ -507,7 +506,7 @@ class SqliteCapture:
                     encode(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
-            room(op)
+            room(op, shape.key_idx)
         if entry.ops:
             entries.append(entry)
         now = int(time.time() * 1_000_000)
@@ -518,30 +517,18 @@ class SqliteCapture:
 
     def _large_key(self, r: CapturedRow, shape: _Shape) -> str:
         """The key of a row too large to read, read alone from SQLite (json_extract)."""
-        names = [c.name for c in shape.schema.columns]
-        at = [names.index(k) for k in shape.schema.primary_key]
-        if not at:
+        if not shape.key_idx:
             return "(no key)"
         col = "k" if r.op in ("U", "D") else "v"
-        parts = ", ".join(
-            f"json_extract({col}, '$[{i if col == 'v' else n}]')" for n, i in enumerate(at)
-        )
+        at = shape.key_idx if col == "v" else range(len(shape.key_idx))
+        parts = ", ".join(f"json_extract({col}, '$[{i}]')" for i in at)
         got = self._conn.execute(f"SELECT {parts} FROM _txrepl_capture WHERE id = ?", (r.id,))
         row = got.fetchone() or ()
-        return (
-            "("
-            + ", ".join(
-                f"{k}={parse_sql_literal(str(x)) if x is not None else None!r}"
-                for k, x in zip(shape.schema.primary_key, row, strict=False)
-            )
-            + ")"
+        shown = (
+            f"{k}={(parse_sql_literal(str(x)) if x is not None else None)!r:.60}"
+            for k, x in zip(shape.schema.primary_key, row, strict=False)
         )
-
-
-def _key_text(rc: pb.RowChange) -> str:
-    """A row change's key, as an operator reads it (for the error naming it)."""
-    vals = rc.key if len(rc.key) else rc.row[:1]
-    return "(" + ", ".join(str(values.decode(v)) for v in vals) + ")"
+        return "(" + ", ".join(shown) + ")"
 
 
 _OPS = {
@@ -559,12 +546,15 @@ class _Shape:
     schema: pb.TableSchema
     types: list[tuple[int, int]]
     key_types: list[tuple[int, int]]
+    key_idx: list[int]
 
     @classmethod
     def of(cls, schema: pb.TableSchema) -> _Shape:
         by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
+        names = [c.name for c in schema.columns]
         return cls(
             schema,
             [(int(c.type), c.scale) for c in schema.columns],
             [by_name[k] for k in schema.primary_key],
+            [names.index(k) for k in schema.primary_key],
         )
