@@ -37,14 +37,14 @@ def _big_transaction(dsn: str, first: int, n: int, width: int = 200) -> None:
         )
 
 
-def _applied_ids(entries: list[pb.Entry]) -> list[int]:
+def _applied_ids(entries: list[pb.Entry]) -> list[object]:
     """Row ids as a subscriber applies the log: aborted groups contribute nothing."""
     payloads = [e.SerializeToString() for e in entries]
     kept = neutralize(payloads, [mark(p) for p in payloads])
     return _ids([pb.Entry.FromString(p) for p in kept])
 
 
-def _ids(entries: list[pb.Entry]) -> list[int]:
+def _ids(entries: list[pb.Entry]) -> list[object]:
     return [r[3][0] for r in row_ops(entries) if r[1] == "INSERT"]
 
 
