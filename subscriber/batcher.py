@@ -25,10 +25,13 @@ queue ends the session (:meth:`end`, :meth:`drop`).
 Groups (``common/fragments.py``, rule S1): a batch ends only at a group's end,
 so the level it commits never points inside a source transaction.  What
 follows the last group end of a gathered batch is carried over to the next
-(``_carry``, taken first); a group larger than the limits on its own is
-gathered whole (the limits bound the other batches; the next step, applying
-such a group in bounded pieces inside one open target transaction, is not built
-yet).  The fragments of an aborted group become empty entries (rule S2).
+(``_carry``, taken first).  A group larger than the limits on its own is
+handed out in pieces within the limits, each but its last marked *open*: the
+apply writes them into one target transaction held open until the group's
+last fragment (``subscriber/apply/_pieces.py``).  The fragments of an aborted
+group become empty entries (rule S2); when the group was being handed out in
+pieces, the batch closing it starts again at the group's first seq, all empty,
+so the apply drops what it held and moves the level past the group.
 Reading the group fields costs a parse of an entry's tag stream (skipping its
 ops, in C): done for the batch's last entries only, and for entries short
 enough to be an ``aborted`` mark.
@@ -78,6 +81,7 @@ class Batcher:
         self._last: Received | None = None  # the newest item, queued or waiting for room
         self._put: asyncio.Future[None] | None = None
         self._carry: Received | None = None  # entries after the last group end of a batch
+        self._group_start: int | None = None  # of a group handed out in pieces, still open
 
     # -- the receive side ----------------------------------------------------------
 
@@ -142,8 +146,11 @@ class Batcher:
     def pending(self) -> bool:
         return self._carry is not None or not self.queue.empty()
 
-    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int] | None:
+    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int, bool] | None:
         """The next batch to apply, or None once the session ends.
+
+        Returns (first seq, entries, bytes, open): ``open`` when the batch is a piece
+        of a group over the limits that the next batch goes on with.
 
         Natural batching: everything that arrived while the last apply ran goes into
         this one, up to the limits; with ``linger`` (in sync), waiting up to
@@ -181,9 +188,8 @@ class Batcher:
             payloads.extend(nxt.entries)
             size += nxt.size
         cut = _group_cut(payloads)
-        while cut == 0:
-            # The first group alone is over the limits (or not all here yet): gather on
-            # until it ends.
+        while cut == 0 and len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+            # The first group is not all here yet: wait for more, up to the limits.
             more = await queue.get()
             if more is None:
                 queue.put_nowait(None)
@@ -192,6 +198,12 @@ class Batcher:
             payloads.extend(more.entries)
             size += more.size
             cut = _group_cut(payloads)
+        if cut == 0:
+            # The group alone is over the limits: this piece is applied inside the
+            # group's open target transaction (subscriber/apply/_pieces.py).
+            if self._group_start is None:
+                self._group_start = first_seq
+            return first_seq, payloads, size, True
         if cut < len(payloads):
             rest = payloads[cut:]
             rest_size = sum(map(len, rest))
@@ -199,7 +211,13 @@ class Batcher:
             self._carry.taken = True
             del payloads[cut:]
             size -= rest_size
-        return first_seq, _neutralized(payloads), size
+        group_start, self._group_start = self._group_start, None
+        if group_start is not None and _first_group_aborted(payloads):
+            # The group held open since group_start was aborted: from its start, as
+            # empty entries (the apply drops what it held).
+            payloads[:0] = [EMPTY_ENTRY] * (first_seq - group_start)
+            first_seq = group_start
+        return first_seq, _neutralized(payloads), size, False
 
     # -- ending ----------------------------------------------------------------------
 
@@ -215,6 +233,7 @@ class Batcher:
     def drop(self) -> None:
         """Drop everything queued and end the apply: the next Hello resumes from the level."""
         self._carry = None
+        self._group_start = None
         while not self.queue.empty():
             self.queue.get_nowait()
         self.queue.put_nowait(None)
@@ -247,3 +266,12 @@ def _neutralized(payloads: list[bytes]) -> list[bytes]:
                     break
                 j -= 1
     return payloads
+
+
+def _first_group_aborted(payloads: Sequence[bytes]) -> bool:
+    """Whether the batch's first group ends with an ``aborted`` mark."""
+    for p in payloads:
+        m = mark(p)
+        if not m.continued:
+            return m.aborted
+    return False

@@ -84,6 +84,7 @@ import pyarrow as pa
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
+from subscriber.apply._pieces import Pieces
 from subscriber.apply._plan import Planning
 from subscriber.apply.entry import AnyEntry, group_half
 from subscriber.apply.errors import (
@@ -135,7 +136,7 @@ class Planned:
     error: BaseException | None = None
 
 
-class Applier(Planning):
+class Applier(Planning, Pieces):
     """Applies the batches of one subscription to one target, through Spark.
 
     Planning (steps 1-3: walk, events, net effect) is the base :class:`Planning`
@@ -263,8 +264,13 @@ class Applier(Planning):
         *,
         incarnation: str,
         planned: Planned | None = None,
+        hold: bool = False,
     ) -> ApplyResult:
         """Apply the batch and move the level, in one target transaction.
+
+        ``hold``: the batch is a piece of a group that goes on in the next batch: it
+        is written into the group's open target transaction, the level unmoved
+        (``_pieces.py``); the batch after it continues (and may end) the group.
 
         ``planned``: this batch's :meth:`plan`, used when it was planned against
         the subscription's current schemas and planned cleanly; otherwise ignored.
@@ -278,6 +284,10 @@ class Applier(Planning):
         :class:`ApplyError`, the target's level is :attr:`state`'s after
         :meth:`load_state` (entries committed before the failure stay committed).
         """
+        # -- groups (issue 21): pieces of a group over the batch limits (_pieces.py) --
+        if entries and self._piece_due(first_seq, hold):
+            return self._apply_piece(first_seq, entries, incarnation, commit=not hold)
+        # -- end groups --
         started = time.perf_counter()
         state = self.state
         if not entries:

@@ -52,6 +52,7 @@ from subscriber.apply.writer import (
     column_of,
     python_values,
 )
+from subscriber.targets.held import Held
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite.triggers import TriggerGuard
@@ -178,6 +179,7 @@ class SqliteWriter:
             raise WriterError(f"cannot open SQLite target {self.path}: {exc}") from exc
         self._lock = threading.Lock()
         self._guard = TriggerGuard()
+        self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
 
     def close(self) -> None:
         with self._lock:
@@ -200,25 +202,56 @@ class SqliteWriter:
         last_seq: int,
         steps: Sequence[Step],
     ) -> int:
+        return self.write_held(subscription, incarnation, first_seq, last_seq, steps, commit=True)
+
+    def write_held(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+        *,
+        commit: bool,
+    ) -> int:
+        """:meth:`write`, or (``commit=False``) a piece of a group left uncommitted
+        (subscriber/targets/held.py): one ``BEGIN IMMEDIATE`` spans the pieces."""
         with self._lock:
             conn = self._conn
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                METADATA_SQL.check_and_lock(conn, subscription, incarnation, first_seq)
-                self._guard.ensure(conn)
-                conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
+                if self._held.open:
+                    self._held.check(subscription, first_seq)
+                else:
+                    conn.execute("BEGIN IMMEDIATE")
+                    METADATA_SQL.check_and_lock(conn, subscription, incarnation, first_seq)
+                    self._guard.ensure(conn)
+                    conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
+                if not commit:
+                    self._held.hold(subscription, last_seq)
+                    return written
+                self._held.clear()
                 self._guard.ensure(conn)  # a replicated schema op or SQL may add triggers
                 conn.execute("DELETE FROM txrepl_applying")
                 METADATA_SQL.set_level(conn, subscription, incarnation, last_seq)
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:
+                self._held.clear()
                 self._guard.forget()
                 self._fail(exc, subscription, first_seq)
                 raise
+
+    def abandon(self) -> None:
+        """Roll back a group's held transaction, if one is open."""
+        with self._lock:
+            if self._held.open:
+                self._held.clear()
+                self._guard.forget()
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
 
     def _fail(self, exc: BaseException, subscription: str, seq: int | None) -> None:
         """Roll back; translate a driver error (the caller re-raises anything else)."""
