@@ -33,15 +33,19 @@ P3. A group can be left open in the log: kill -9 of the publisher between two
 Subscriber (``subscriber/batcher.py``, ``subscriber/apply/engine.py``)
 ----------------------------------------------------------------------
 S1. The level only ever moves to a group's last seq.  The batcher ends a batch
-    only at a group end (:func:`group_ends`); a group larger than the batch
-    bounds is gathered whole.  Narrowing a failed batch bisects only at group
-    ends.  So the level never points inside a group, and a resume (level + 1) is
-    always at a group's first fragment.
+    only at a group end (:func:`group_ends`), unless the group alone is over the
+    batch limits: then it hands the group out in pieces within the limits, which
+    the apply writes into ONE target transaction held open until the group's
+    last fragment, committed with the level (``subscriber/apply/_pieces.py``,
+    ``subscriber/targets/held.py``).  Narrowing a failed batch bisects only at
+    group ends.  So the level never points inside a group, and a resume
+    (level + 1) is always at a group's first fragment.
 S2. An aborted group contributes nothing: its entries are applied as empty
     entries (:func:`neutralize`), so the level moves past them in the same
     target transaction as the group or groups around them.
-S3. A batch is one target transaction (rows and level together), so a group is
-    on the target whole or not at all, whatever is killed when.
+S3. A batch, or all the pieces of one group, is one target transaction (rows and
+    level together), so a group is on the target whole or not at all, whatever
+    is killed when.
 
 Feeds, cuts, retention: a feed may be cut anywhere, inside a group too; the
 subscriber drops what it did not commit and resumes from its level, a group
@@ -57,8 +61,9 @@ kill -9, at every point
   fragments committed nothing of them (S1) and skip them (S2).
 * Publisher, after the last fragment and before the source is told: capture
   resumes after the group's position (P2), nothing doubled.
-* Subscriber, between fragments or during the apply: the target transaction
-  holding the group and the level did not commit; resume at the group's start.
+* Subscriber, between fragments, between pieces (its target transaction held
+  open) or during the apply: the target transaction holding the group and the
+  level did not commit; the database rolls it back; resume at the group's start.
 
 SQLite: its triggers carry no transaction id, so the capture cannot tell where
 one transaction ends inside a poll; the unit it keeps whole is the poll (every
