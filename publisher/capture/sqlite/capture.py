@@ -372,11 +372,15 @@ class SqliteCapture:
         def fetch() -> list[CapturedRow]:
             out: list[CapturedRow] = []
             total = 0
-            for r in c.execute(query, bounds):
-                out.append(CapturedRow(*r))
-                total += r[7]
-                if max_bytes is not None and total >= max_bytes:
-                    break
+            cur = c.execute(query, bounds)
+            try:
+                for r in cur:
+                    out.append(CapturedRow(*r))
+                    total += r[7]
+                    if max_bytes is not None and total >= max_bytes:
+                        break
+            finally:
+                cur.close()  # the statement ends before the read transaction does
             return out
 
         for _ in range(10):
