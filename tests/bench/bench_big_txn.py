@@ -5,8 +5,9 @@ row inserts and a PostgreSQL one of ``TXREPL_BENCH_BIG_PG_ROWS`` (default 2,000,
 each written while publisher and subscriber run, are carried as a group of entries of
 at most ``max_entry_bytes`` (default 16 MiB) and applied into a SQLite target in
 pieces of ``[batch]`` limits inside one held target transaction.  The publisher's,
-the subscriber's and the subscriber's JVM's VmRSS are sampled every 0.25 s from the
-commit of the source transaction until the target holds all of it.
+the subscriber's and the subscriber's JVM's VmRSS (and the daemons' RssAnon: VmRSS
+also counts the publisher's mmapped log pages, reclaimable) are sampled every 0.25 s
+from the commit of the source transaction until the target holds all of it.
 
     .venv/bin/python -m tests.bench big_txn
 """
@@ -60,7 +61,9 @@ def _measure(kind: str, pair: Pair, rows: int, write: Any) -> dict[str, Any]:
         "write_s": round(committed - started, 1),
         "commit_to_applied_s": round(done - committed, 1),
         "publisher_rss_peak_mib": round(max((s[1] for s in ps), default=0) / 1024, 1),
+        "publisher_anon_peak_mib": round(max((s[3] for s in ps), default=0) / 1024, 1),
         "subscriber_rss_peak_mib": round(max((s[1] for s in ss), default=0) / 1024, 1),
+        "subscriber_anon_peak_mib": round(max((s[3] for s in ss), default=0) / 1024, 1),
         "jvm_rss_peak_mib": round(max((s[2] for s in ss), default=0) / 1024, 1),
     }
     print(f"  {row}", flush=True)
