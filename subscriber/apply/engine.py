@@ -286,7 +286,7 @@ class Applier(Planning, Pieces):
         """
         # -- groups (issue 21): pieces of a group over the batch limits (_pieces.py) --
         if entries and self._piece_due(first_seq, hold):
-            return self._apply_piece(first_seq, entries, incarnation, commit=not hold)
+            return ApplyResult(*self._apply_piece(first_seq, entries, incarnation, commit=not hold))
         # -- end groups --
         started = time.perf_counter()
         state = self.state
