@@ -67,7 +67,11 @@ from publisher.capture.sqlite.shapes import (
 )
 from publisher.errors import RowTooLarge, SourceError, key_text
 
-__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
+__all__ = ["CHUNK_ROWS", "CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
+
+# Rows read at once when reading in chunks: narrow rows cost far more as Python
+# objects (about 400 bytes each) than their stored bytes, which max_bytes counts.
+CHUNK_ROWS = 20_000
 
 log = structlog.get_logger(__name__)
 
@@ -346,9 +350,10 @@ class SqliteCapture:
         """Captured rows with after_id < id (<= upto_id), in id order, in one read transaction.
 
         ``max_bytes``: stop after the row that brings the rows' ``k`` and ``v`` to
-        that many bytes (at least one row is read: the caller continues after the
-        last id); a ``k`` or ``v`` longer than it alone is not read at all (None,
-        with ``size`` set: :meth:`build_entries` refuses the row by name).
+        that many bytes, or after :data:`CHUNK_ROWS` rows (at least one row is
+        read: the caller continues after the last id); a ``k`` or ``v`` longer
+        than it alone is not read at all (None, with ``size`` set:
+        :meth:`build_entries` refuses the row by name).
 
         If the source's schema moved since the last refresh, refresh first (in
         the same read transaction as the rows, the schema version is checked):
@@ -377,7 +382,7 @@ class SqliteCapture:
                 for r in cur:
                     out.append(CapturedRow(*r))
                     total += r[7]
-                    if max_bytes is not None and total >= max_bytes:
+                    if max_bytes is not None and (total >= max_bytes or len(out) >= CHUNK_ROWS):
                         break
             finally:
                 cur.close()  # the statement ends before the read transaction does
