@@ -148,7 +148,7 @@ class PublisherConfig:
     # Capture builds entries of at most this many bytes; a larger group of source
     # transactions is carried as several (common/fragments.py), a larger single row
     # is refused by name.
-    max_entry_bytes: int = 16 * 1024 * 1024
+    max_entry_bytes: int = 4 * 1024 * 1024
     retention_interval_s: float = 30.0
     slot: str = ""  # PostgreSQL source: replication slot name; default txrepl_<server_name>
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL logical decoding plugin

@@ -3,13 +3,14 @@
 A SQLite source transaction of ``TXREPL_BENCH_BIG_SQLITE_ROWS`` (default 500,000)
 row inserts and a PostgreSQL one of ``TXREPL_BENCH_BIG_PG_ROWS`` (default 2,000,000),
 each written while publisher and subscriber run, are carried as a group of entries of
-at most ``max_entry_bytes`` (default 16 MiB) and applied into a SQLite target in
+at most ``max_entry_bytes`` (default 4 MiB) and applied into a SQLite target in
 pieces of ``[batch]`` limits inside one held target transaction.  The publisher's,
 the subscriber's and the subscriber's JVM's VmRSS (and the daemons' RssAnon: VmRSS
 also counts the publisher's mmapped log pages, reclaimable) are sampled every 0.25 s
 from the commit of the source transaction until the target holds all of it.
 
     .venv/bin/python -m tests.bench big_txn
+    TXREPL_BENCH_BIG_BATCH_BYTES=16777216 .venv/bin/python -m tests.bench big_txn
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ def _count(target: Path) -> int:
         return -1
 
 
+# The subscriber's [batch] max_bytes: a piece of a large transaction holds this much.
+BATCH_BYTES = _env_int("TXREPL_BENCH_BIG_BATCH_BYTES", 0)
+
+
 def _measure(kind: str, pair: Pair, rows: int, write: Any) -> dict[str, Any]:
+    if BATCH_BYTES:
+        pair.subscriber_extra = {"batch": {"max_bytes": BATCH_BYTES}}
     pair.start_publisher()
     pair.start_subscriber()
     wait_until(lambda: _count(pair.target_path) == 1, 600, "the table on the target")
@@ -58,6 +65,7 @@ def _measure(kind: str, pair: Pair, rows: int, write: Any) -> dict[str, Any]:
         "source": kind,
         "rows": rows,
         "entries": pair.head(),
+        "batch_max_bytes": BATCH_BYTES or "default",
         "write_s": round(committed - started, 1),
         "commit_to_applied_s": round(done - committed, 1),
         "publisher_rss_peak_mib": round(max((s[1] for s in ps), default=0) / 1024, 1),

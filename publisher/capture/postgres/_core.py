@@ -75,7 +75,7 @@ class CaptureCore:
         snapshot_chunk_rows: int = 10_000,
         feedback_interval_s: float = 0.5,
         lock_timeout_s: float = 30.0,
-        max_entry_bytes: int = 16 * 1024 * 1024,
+        max_entry_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if not slot_ok(slot):
             raise SourceError(
