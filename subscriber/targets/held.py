@@ -15,11 +15,39 @@ write lock (SQLite) or the rows written so far (PostgreSQL) stay locked.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from subscriber.apply.errors import GapError
+from subscriber.apply.writer import Step
 
-__all__ = ["Held"]
+__all__ = ["Held", "HeldWrites"]
+
+
+class HeldWrites:
+    """A writer's ``write``: its ``write_held`` committing at once (a base class)."""
+
+    def write(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+    ) -> int:
+        return self.write_held(subscription, incarnation, first_seq, last_seq, steps, commit=True)
+
+    def write_held(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+        *,
+        commit: bool,
+    ) -> int:
+        raise NotImplementedError
 
 
 @dataclass

@@ -20,7 +20,7 @@ import psycopg
 
 from subscriber.apply.errors import WriterError
 from subscriber.apply.writer import Step
-from subscriber.targets.held import Held
+from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
@@ -30,22 +30,12 @@ METADATA_SQL = MetadataSql(
 )
 
 
-class GroupWrites:
+class GroupWrites(HeldWrites):
     """``write``, ``write_held`` and ``abandon``; the rest is :class:`PostgresWriter`'s."""
 
     _held: Held
     _lock: threading.Lock
     _conn: psycopg.Connection[Any] | None
-
-    def write(
-        self,
-        subscription: str,
-        incarnation: str,
-        first_seq: int,
-        last_seq: int,
-        steps: Sequence[Step],
-    ) -> int:
-        return self.write_held(subscription, incarnation, first_seq, last_seq, steps, commit=True)
 
     def write_held(
         self,

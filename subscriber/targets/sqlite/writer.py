@@ -52,7 +52,7 @@ from subscriber.apply.writer import (
     column_of,
     python_values,
 )
-from subscriber.targets.held import Held
+from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite.triggers import TriggerGuard
@@ -149,7 +149,7 @@ def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[objec
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
 
-class SqliteWriter:
+class SqliteWriter(HeldWrites):
     """Writes batches into one SQLite database file (thread-safe; one connection)."""
 
     dialect = "sqlite"
@@ -193,16 +193,6 @@ class SqliteWriter:
                 raise WriterError(
                     f"cannot read state from {self.path}: {exc}", subscription=subscription
                 ) from exc
-
-    def write(
-        self,
-        subscription: str,
-        incarnation: str,
-        first_seq: int,
-        last_seq: int,
-        steps: Sequence[Step],
-    ) -> int:
-        return self.write_held(subscription, incarnation, first_seq, last_seq, steps, commit=True)
 
     def write_held(
         self,
