@@ -184,6 +184,10 @@ class PublisherConfig:
     listen: str = "127.0.0.1:7400"
     data_dir: str = "var/publisher"
     poll_interval_ms: int = 5
+    # Capture builds entries of at most this many bytes; a larger group of source
+    # transactions is carried as several (common/fragments.py), a larger single row
+    # is refused by name.
+    max_entry_bytes: int = 4 * 1024 * 1024
     retention_interval_s: float = 30.0
     slot: str = ""  # PostgreSQL source: replication slot name; default txrepl_<server_name>
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL logical decoding plugin
@@ -218,6 +222,8 @@ class PublisherConfig:
                 ) from None
         if self.poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be positive")
+        if not 1024 <= self.max_entry_bytes <= 512 * 1024 * 1024:
+            raise ValueError("max_entry_bytes must be between 1024 and 536870912 (512 MiB)")
         self._check_operations()
 
     def _check_operations(self) -> None:

@@ -251,7 +251,10 @@ class Publisher:
             cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
         )
         options = SourceOptions(
-            slot=cfg.slot_name, plugin=cfg.plugin, poll_interval_s=cfg.poll_interval_ms / 1000
+            slot=cfg.slot_name,
+            plugin=cfg.plugin,
+            poll_interval_s=cfg.poll_interval_ms / 1000,
+            max_entry_bytes=cfg.max_entry_bytes,
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
         for pub in self.publications.values():

@@ -5,6 +5,13 @@ Every append to a publication (capture or the ``Publish`` RPC) goes through
 position: the ``source_position`` of the newest durable entry.  An entry
 appended through ``Publish`` carries the current capture position too, so the
 log's last entry always tells capture where to resume after a restart.
+
+Groups (``common/fragments.py``, P1-P3): capture appends a large group of
+transactions as fragments with ``grouped=True``; while a group is open (its
+last appended fragment has ``continued``) other appends wait for it to close.
+A group left open (a restart, a capture failure) is closed by
+:meth:`abort_group`: one empty entry with ``aborted`` set, so subscribers apply
+none of it and capture carries it again from its resume point.
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ class Publication:
         self.config = config
         self.name = config.name
         self.log = log
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
+        self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
         self.last_commit_time = time.time()
+        self.abort_group()  # left open by a crash between two fragments (P3)
 
     def _position_from_log(self) -> int:
         if self.log.head == 0 or self.log.head < self.log.first_seq:
@@ -35,15 +44,36 @@ class Publication:
             return 0
         (payload,) = self.log.read(self.log.head, max_entries=1)
         entry = pb.Entry.FromString(payload)
+        if entry.continued:
+            self._open = entry.fragment
         return int(entry.source_position or 0)
 
-    def append(self, entry: pb.Entry, position: int | None = None, *, wait: bool = True) -> int:
+    @property
+    def group_open(self) -> bool:
+        return self._open is not None
+
+    def append(
+        self,
+        entry: pb.Entry,
+        position: int | None = None,
+        *,
+        wait: bool = True,
+        grouped: bool = False,
+    ) -> int:
         """Append one entry; returns its seq.  ``position``: the capture position it reaches.
 
         ``wait=False``: do not wait for durability (see :meth:`Log.append`); the entry
-        is visible to feeds after the log's next flush.
+        is visible to feeds after the log's next flush.  ``grouped``: a fragment of the
+        capture's open group (or its first); any other append waits while a group is
+        open, so a group's fragments are consecutive seqs.
         """
         with self._lock:
+            if not grouped:
+                self._lock.wait_for(lambda: self._open is None)
+            elif self._open is not None and entry.fragment != self._open + 1:
+                raise ValueError(
+                    f"fragment {entry.fragment} does not follow the open group's {self._open}"
+                )
             if position is not None:
                 entry.source_position = str(position)
             else:
@@ -54,7 +84,23 @@ class Publication:
             if position is not None:
                 self.position = position
             self.last_commit_time = entry.commit_time_us / 1_000_000
+            self._open = entry.fragment if entry.continued else None
+            if self._open is None:
+                self._lock.notify_all()
             return seq
+
+    def abort_group(self) -> None:
+        """Close a group left open with an ``aborted`` entry (no ops); no-op if none is open.
+
+        Its ``source_position`` is the group's resume point (fragments before the
+        last carry it), so capture carries the group again after it.
+        """
+        with self._lock:
+            if self._open is None:
+                return
+            fragment = self._open + 1
+        entry = pb.Entry(aborted=True, fragment=fragment)
+        self.append(entry, grouped=True)
 
     def advance(self, position: int) -> None:
         """Move the capture position past rows that held nothing for this publication."""

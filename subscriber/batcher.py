@@ -21,6 +21,20 @@ pieces), plus the one item waiting for room: about ``max_bytes`` in all.
 The apply takes work with :meth:`Batcher.gather`: everything that arrived while
 the last apply ran, up to ``max_entries`` / ``max_bytes``.  ``None`` in the
 queue ends the session (:meth:`end`, :meth:`drop`).
+
+Groups (``common/fragments.py``, rule S1): a batch ends only at a group's end,
+so the level it commits never points inside a source transaction.  What
+follows the last group end of a gathered batch is carried over to the next
+(``_carry``, taken first).  A group larger than the limits on its own is
+handed out in pieces within the limits, each but its last marked *open*: the
+apply writes them into one target transaction held open until the group's
+last fragment (``subscriber/apply/_pieces.py``).  The fragments of an aborted
+group become empty entries (rule S2); when the group was being handed out in
+pieces, the batch closing it starts again at the group's first seq, all empty,
+so the apply drops what it held and moves the level past the group.
+Reading the group fields costs a parse of an entry's tag stream (skipping its
+ops, in C): done for the batch's last entries only, and for entries short
+enough to be an ``aborted`` mark.
 """
 
 from __future__ import annotations
@@ -32,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.fragments import EMPTY_ENTRY, mark
 from subscriber.config import BatchConfig
 from subscriber.errors import Interrupted
 from subscriber.state import SubscriptionState
@@ -65,6 +80,8 @@ class Batcher:
         self.room_bytes = max(1, batch.max_bytes // batch.queue_batches)
         self._last: Received | None = None  # the newest item, queued or waiting for room
         self._put: asyncio.Future[None] | None = None
+        self._carry: Received | None = None  # entries after the last group end of a batch
+        self._group_start: int | None = None  # of a group handed out in pieces, still open
 
     # -- the receive side ----------------------------------------------------------
 
@@ -127,17 +144,24 @@ class Batcher:
     # -- the apply side ------------------------------------------------------------
 
     def pending(self) -> bool:
-        return not self.queue.empty()
+        return self._carry is not None or not self.queue.empty()
 
-    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int] | None:
+    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int, bool] | None:
         """The next batch to apply, or None once the session ends.
+
+        Returns (first seq, entries, bytes, open): ``open`` when the batch is a piece
+        of a group over the limits that the next batch goes on with.
 
         Natural batching: everything that arrived while the last apply ran goes into
         this one, up to the limits; with ``linger`` (in sync), waiting up to
         ``max_delay_ms`` for more.
         """
         queue = self.queue
-        item = await queue.get()
+        item: Received | None
+        if self._carry is not None:
+            item, self._carry = self._carry, None
+        else:
+            item = await queue.get()
         if item is None:
             return None
         item.taken = True
@@ -163,7 +187,37 @@ class Batcher:
             nxt.taken = True
             payloads.extend(nxt.entries)
             size += nxt.size
-        return first_seq, payloads, size
+        cut = _group_cut(payloads)
+        while cut == 0 and len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+            # The first group is not all here yet: wait for more, up to the limits.
+            more = await queue.get()
+            if more is None:
+                queue.put_nowait(None)
+                return None  # resent from the level (a group start) after the next Hello
+            more.taken = True
+            payloads.extend(more.entries)
+            size += more.size
+            cut = _group_cut(payloads)
+        if cut == 0:
+            # The group alone is over the limits: this piece is applied inside the
+            # group's open target transaction (subscriber/apply/_pieces.py).
+            if self._group_start is None:
+                self._group_start = first_seq
+            return first_seq, payloads, size, True
+        if cut < len(payloads):
+            rest = payloads[cut:]
+            rest_size = sum(map(len, rest))
+            self._carry = Received(first_seq + cut, rest, self.state.head, size=rest_size)
+            self._carry.taken = True
+            del payloads[cut:]
+            size -= rest_size
+        group_start, self._group_start = self._group_start, None
+        if group_start is not None and _first_group_aborted(payloads):
+            # The group held open since group_start was aborted: from its start, as
+            # empty entries (the apply drops what it held).
+            payloads[:0] = [EMPTY_ENTRY] * (first_seq - group_start)
+            first_seq = group_start
+        return first_seq, _neutralized(payloads), size, False
 
     # -- ending ----------------------------------------------------------------------
 
@@ -178,6 +232,46 @@ class Batcher:
 
     def drop(self) -> None:
         """Drop everything queued and end the apply: the next Hello resumes from the level."""
+        self._carry = None
+        self._group_start = None
         while not self.queue.empty():
             self.queue.get_nowait()
         self.queue.put_nowait(None)
+
+
+# An ``aborted`` mark has no ops: its fields and positions fit in this many bytes.
+_MARK_BYTES = 96
+
+
+def _group_cut(payloads: Sequence[bytes]) -> int:
+    """How many leading entries end at a group end (0: the first group is not complete)."""
+    for i in range(len(payloads) - 1, -1, -1):
+        if not mark(payloads[i]).continued:
+            return i + 1
+    return 0
+
+
+def _neutralized(payloads: list[bytes]) -> list[bytes]:
+    """The batch with every fragment of an aborted group made an empty entry (rule S2).
+
+    The batch holds whole groups, so an aborted mark's group is the run of
+    ``continued`` entries just before it.
+    """
+    for i, p in enumerate(payloads):
+        if len(p) <= _MARK_BYTES and p and mark(p).aborted:
+            j = i
+            while True:
+                payloads[j] = EMPTY_ENTRY
+                if j == 0 or not mark(payloads[j - 1]).continued:
+                    break
+                j -= 1
+    return payloads
+
+
+def _first_group_aborted(payloads: Sequence[bytes]) -> bool:
+    """Whether the batch's first group ends with an ``aborted`` mark."""
+    for p in payloads:
+        m = mark(p)
+        if not m.continued:
+            return m.aborted
+    return False

@@ -127,15 +127,18 @@ class MeteredApplier(Applier):
         *,
         incarnation: str,
         planned: Planned | None = None,
+        hold: bool = False,
     ) -> ApplyResult:
         started = time.perf_counter()
         try:
-            result = super().apply(first_seq, entries, incarnation=incarnation, planned=planned)
+            result = super().apply(
+                first_seq, entries, incarnation=incarnation, planned=planned, hold=hold
+            )
         except Exception as e:
             if self.meters is not None:
                 self.meters.errors.labels(self.subscription, type(e).__name__).inc()
             raise
-        if entries:
+        if entries and not hold:
             self.last_commit_time = entries[-1].commit_time_us / 1e6
         if self.meters is not None and entries:
             self.meters.entries.labels(self.subscription).observe(len(entries))

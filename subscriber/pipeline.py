@@ -70,14 +70,14 @@ class ApplyPipeline:
     async def run(self) -> None:
         """Apply batches until the batcher ends the session (or an apply fails)."""
         batcher, st = self.batcher, self.state
-        ahead: tuple[int, int, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None = None
+        ahead: tuple[int, int, bool, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None = None
         try:
             while True:
                 planned: Planned | None = None
                 if ahead is not None:
                     if self.ending:
                         return  # dropped with the queue: resent after the next Hello
-                    first_seq, size, planning = ahead
+                    first_seq, size, hold, planning = ahead
                     ahead = None
                     started = time.monotonic()
                     entries, planned = await planning
@@ -85,10 +85,12 @@ class ApplyPipeline:
                     got = await batcher.gather(linger=True)
                     if got is None:
                         return
-                    first_seq, payloads, size = got
+                    first_seq, payloads, size, hold = got
                     started = time.monotonic()
                     if (
-                        self.batch.plan_ahead
+                        not hold
+                        and not self._holding()
+                        and self.batch.plan_ahead
                         and st.state == "syncing"
                         and st.head >= first_seq + len(payloads)
                     ):
@@ -99,6 +101,9 @@ class ApplyPipeline:
                         )
                     else:
                         entries = _entries(payloads)
+                # ``hold`` only when set: an applier standing in for the real one (a
+                # test's) needs to know of groups only when it is given one.
+                more: dict[str, bool] = {"hold": True} if hold else {}
                 writing = asyncio.ensure_future(
                     asyncio.to_thread(
                         self.applier.apply,
@@ -106,6 +111,7 @@ class ApplyPipeline:
                         entries,
                         incarnation=st.incarnation,
                         planned=planned,
+                        **more,
                     )
                 )
                 if planned is not None and planned.error is None and not batcher.pending():
@@ -115,10 +121,11 @@ class ApplyPipeline:
                     if got is None:
                         batcher.again()  # seen again once this batch is acked
                     else:
-                        nxt_first, nxt_payloads, nxt_size = got
+                        nxt_first, nxt_payloads, nxt_size, nxt_hold = got
                         ahead = (
                             nxt_first,
                             nxt_size,
+                            nxt_hold,
                             asyncio.ensure_future(
                                 asyncio.to_thread(
                                     self._parse_and_plan, nxt_first, nxt_payloads, planned
@@ -126,6 +133,8 @@ class ApplyPipeline:
                             ),
                         )
                 result = await writing
+                if hold:
+                    continue  # a piece of a group: the level moves with its last piece
                 now = time.time()
                 st.level = result.level
                 st.applied_entries += len(entries)
@@ -155,7 +164,15 @@ class ApplyPipeline:
             if ahead is not None:
                 # A plan thread cannot be cancelled: let it end before the session does.
                 with contextlib.suppress(BaseException):
-                    await ahead[2]
+                    await ahead[3]
+            if self._holding():
+                # A group handed out in pieces was not finished: nothing of it stays
+                # (the next session sends it again from its first fragment).
+                await asyncio.to_thread(self.applier.abandon)
+
+    def _holding(self) -> bool:
+        """The applier holds a group's target transaction open (subscriber/apply/_pieces.py)."""
+        return bool(getattr(self.applier, "holding", False))
 
     def _parse_and_plan(
         self, first_seq: int, payloads: list[bytes], after: Planned | None

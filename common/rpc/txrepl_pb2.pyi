@@ -514,10 +514,26 @@ class Entry(_message.Message):
     COMMIT_TIME_US_FIELD_NUMBER: _builtins.int
     SOURCE_POSITION_FIELD_NUMBER: _builtins.int
     OPS_FIELD_NUMBER: _builtins.int
+    CONTINUED_FIELD_NUMBER: _builtins.int
+    FRAGMENT_FIELD_NUMBER: _builtins.int
+    ABORTED_FIELD_NUMBER: _builtins.int
     commit_time_us: _builtins.int
     """commit time of the last transaction, UTC"""
     source_position: _builtins.str
     """opaque capture position, for resuming capture"""
+    continued: _builtins.bool
+    """Fragments (issue 21): a group of whole source transactions larger than the
+    publisher's max_entry_bytes is carried as consecutive entries, fragments 0, 1,
+    ...; every one but the last has `continued` set.  A subscriber applies a group
+    atomically and never sets its level inside one (docs/log.md, "Fragments").
+    """
+    fragment: _builtins.int
+    """index within its group; 0 for an entry alone"""
+    aborted: _builtins.bool
+    """The group this entry ends was abandoned (the publisher stopped while writing
+    it, and captures it again in the entries that follow): apply none of its
+    fragments.  Such an entry carries no ops.
+    """
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___Op]: ...
     def __init__(
@@ -526,14 +542,46 @@ class Entry(_message.Message):
         commit_time_us: _builtins.int = ...,
         source_position: _builtins.str = ...,
         ops: _abc.Iterable[Global___Op] | None = ...,
+        continued: _builtins.bool = ...,
+        fragment: _builtins.int = ...,
+        aborted: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit_time_us", b"commit_time_us", "ops", b"ops", "source_position", b"source_position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "commit_time_us", b"commit_time_us", "continued", b"continued", "fragment", b"fragment", "ops", b"ops", "source_position", b"source_position"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Entry: _TypeAlias = Entry  # noqa: Y015
+
+@_typing.final
+class EntryMark(_message.Message):
+    """The group fields of an Entry alone: read cheaply from its bytes (the other
+    fields are skipped by the parser, unparsed).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CONTINUED_FIELD_NUMBER: _builtins.int
+    FRAGMENT_FIELD_NUMBER: _builtins.int
+    ABORTED_FIELD_NUMBER: _builtins.int
+    continued: _builtins.bool
+    fragment: _builtins.int
+    aborted: _builtins.bool
+    def __init__(
+        self,
+        *,
+        continued: _builtins.bool = ...,
+        fragment: _builtins.int = ...,
+        aborted: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "continued", b"continued", "fragment", b"fragment"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___EntryMark: _TypeAlias = EntryMark  # noqa: Y015
 
 @_typing.final
 class Hello(_message.Message):

@@ -61,6 +61,7 @@ class SourceOptions:
     slot: str = "txrepl"  # PostgreSQL: the replication slot
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL: logical decoding
     poll_interval_s: float = 0.005  # SQLite: how often capture looks for new commits
+    max_entry_bytes: int = 4 * 1024 * 1024  # fragments beyond (common/fragments.py)
 
 
 @dataclasses.dataclass

@@ -84,8 +84,9 @@ import pyarrow as pa
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
+from subscriber.apply._pieces import Pieces
 from subscriber.apply._plan import Planning
-from subscriber.apply.entry import AnyEntry
+from subscriber.apply.entry import AnyEntry, group_half
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
@@ -135,7 +136,7 @@ class Planned:
     error: BaseException | None = None
 
 
-class Applier(Planning):
+class Applier(Planning, Pieces):
     """Applies the batches of one subscription to one target, through Spark.
 
     Planning (steps 1-3: walk, events, net effect) is the base :class:`Planning`
@@ -267,8 +268,13 @@ class Applier(Planning):
         *,
         incarnation: str,
         planned: Planned | None = None,
+        hold: bool = False,
     ) -> ApplyResult:
         """Apply the batch and move the level, in one target transaction.
+
+        ``hold``: the batch is a piece of a group that goes on in the next batch: it
+        is written into the group's open target transaction, the level unmoved
+        (``_pieces.py``); the batch after it continues (and may end) the group.
 
         ``planned``: this batch's :meth:`plan`, used when it was planned against
         the subscription's current schemas and planned cleanly; otherwise ignored.
@@ -282,6 +288,10 @@ class Applier(Planning):
         :class:`ApplyError`, the target's level is :attr:`state`'s after
         :meth:`load_state` (entries committed before the failure stay committed).
         """
+        # -- groups (issue 21): pieces of a group over the batch limits (_pieces.py) --
+        if entries and self._piece_due(first_seq, hold):
+            return ApplyResult(*self._apply_piece(first_seq, entries, incarnation, commit=not hold))
+        # -- end groups --
         started = time.perf_counter()
         state = self.state
         if not entries:
@@ -336,10 +346,12 @@ class Applier(Planning):
                 raise
             except ApplyError as exc:
                 failure = exc
-        if len(entries) == 1:
-            self._poison(first_seq, entries[0], incarnation, failure)
+        # -- groups (issue 21, common/fragments.py S1): halves end at group ends --
+        half = group_half(entries)
+        if half == 0:  # one group: stored as its first fragment; a group is never skipped
+            self._poison(first_seq, entries[0], incarnation, failure, alone=len(entries) == 1)
             return 0, 0, [first_seq]
-        half = len(entries) // 2
+        # -- end groups --
         r1, w1, s1 = self._apply_or_narrow(first_seq, entries[:half], incarnation, None)
         r2, w2, s2 = self._apply_or_narrow(first_seq + half, entries[half:], incarnation, None)
         return r1 + r2, w1 + w2, s1 + s2
@@ -383,9 +395,21 @@ class Applier(Planning):
         self._state = SubscriptionState(last_seq, incarnation, schemas)
         return rows, written
 
-    def _poison(self, seq: int, entry: AnyEntry, incarnation: str, failure: ApplyError) -> None:
-        """Store the failing entry; raise PoisonEntryError unless the policy is skip."""
-        skip = self.options.error_policy == "skip"
+    def _poison(
+        self,
+        seq: int,
+        entry: AnyEntry,
+        incarnation: str,
+        failure: ApplyError,
+        *,
+        alone: bool = True,
+    ) -> None:
+        """Store the failing entry; raise PoisonEntryError unless the policy is skip.
+
+        ``alone=False``: the entry is the first fragment of a failing group, which
+        is never skipped (the level would point inside the group).
+        """
+        skip = self.options.error_policy == "skip" and alone
         error = str(failure)
         payload = entry.SerializeToString()
         self._retrying(

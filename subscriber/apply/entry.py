@@ -14,14 +14,16 @@ walk does not recognise it and the Python walk's parse raises protobuf's
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
+from common.fragments import mark
 from common.rpc import txrepl_pb2 as pb
 
 if TYPE_CHECKING:
     from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 
-__all__ = ["AnyEntry", "RawEntry"]
+__all__ = ["AnyEntry", "RawEntry", "group_half"]
 
 
 class RawEntry:
@@ -62,3 +64,22 @@ class RawEntry:
 
 AnyEntry: TypeAlias = pb.Entry | RawEntry
 """What :meth:`Applier.apply` and :meth:`Applier.plan` take, entry by entry."""
+
+
+def _continued(entry: AnyEntry) -> bool:
+    if isinstance(entry, RawEntry):
+        return mark(entry.payload).continued
+    return entry.continued
+
+
+def group_half(entries: Sequence[AnyEntry]) -> int:
+    """Where to split a failed batch in two: the group end nearest its middle.
+
+    0 when the batch is one group (common/fragments.py, S1: the level never
+    points inside a group, so narrowing never splits one).
+    """
+    ends = [i + 1 for i, e in enumerate(entries[:-1]) if not _continued(e)]
+    if not ends:
+        return 0
+    middle = len(entries) / 2
+    return min(ends, key=lambda i: abs(i - middle))

@@ -52,7 +52,7 @@ from publisher.capture.postgres._state import (
     redact,
     slot_ok,
 )
-from publisher.errors import SourceError, TableRefused
+from publisher.errors import RowTooLarge, SourceError, TableRefused
 from publisher.publication import Publication
 
 __all__ = ["CaptureCore", "Plugin"]
@@ -82,6 +82,7 @@ class CaptureCore:
         snapshot_chunk_rows: int = 10_000,
         feedback_interval_s: float = 0.5,
         lock_timeout_s: float = 30.0,
+        max_entry_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         if not slot_ok(slot):
             raise SourceError(
@@ -96,6 +97,8 @@ class CaptureCore:
         self.snapshot_chunk_rows = snapshot_chunk_rows
         self.feedback_interval_s = feedback_interval_s
         self.lock_timeout_s = lock_timeout_s
+        self.max_entry_bytes = max_entry_bytes  # a larger transaction: fragments (_session.py)
+        self.refused: dict[str, RowTooLarge] = {}  # publications stopped on a row too large
         self._lock = threading.Lock()  # guards the admin connection
         self._admin_conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._catalog: Catalog | None = None

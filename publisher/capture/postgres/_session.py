@@ -6,6 +6,18 @@ install snapshots when the stream crosses their consistent point, resolves
 ``wait_position`` marks, and confirms the slot only past durable entries.
 :class:`Flusher` makes the appends durable in rounds while decoding goes on.
 The argument for order and exactly-once is in the package docstring.
+
+Large transactions (issue 21, ``common/fragments.py``): a transaction's ops for
+a publication are held only up to ``max_entry_bytes``; the op that would go
+over sends what is held to the log as a fragment of the transaction's group
+(:class:`GroupWriter`, every fragment but the last at the position before the
+transaction), and the commit appends the last one at the commit LSN.  Memory
+per publication: the ops held plus one fragment kept back.  A publication whose
+single row change is over the limit is refused (``cap.refused``, its open group
+aborted, one error line naming table and key) and the slot is confirmed no
+further, so its changes stay in the WAL for a restart with a larger limit; the
+other publications go on.  A session that ends inside a transaction aborts the
+groups it opened (:meth:`Session.close`); kill -9 leaves that to the next open.
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from typing import Any
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
@@ -45,7 +58,7 @@ from publisher.capture.postgres._state import (
     Txn,
     format_lsn,
 )
-from publisher.errors import SourceError
+from publisher.errors import RowTooLarge, SourceError, key_text
 from publisher.log import Log, LogError
 from publisher.publication import Publication
 
@@ -113,11 +126,15 @@ class Session:
         self.confirmable = 0  # end LSN of the last transaction handled (logged or not)
         self.confirmed = 0
         self.touched: set[str] = set()
+        self.hold: int | None = None  # confirm the slot no further (a publication refused)
         self.last_feedback = 0.0
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
         self.flusher = Flusher([p.log for p in pubs])
 
     def close(self) -> None:
+        if self.txn is not None:
+            for group in self.txn.groups.values():
+                group.abort()  # left inside a transaction: closed as abandoned (P3)
         self.flusher.stop()
         if self.pending is not None:
             self.pending.conn.close()
@@ -207,7 +224,9 @@ class Session:
         return [
             (ps, tab)
             for ps, tab in self.routes.get(table, ())
-            if tab.complete and txn.final_lsn > ps.pub.position
+            if tab.complete
+            and txn.final_lsn > ps.pub.position
+            and ps.pub.name not in self.cap.refused
         ]
 
     def _shape(self, r: RelState) -> TableShape:
@@ -221,6 +240,7 @@ class Session:
         ops = txn.ops.setdefault(ps.pub.name, [])
         if tab.logged != shape.schema:
             ops.append(pb.Op(schema=shape.schema))
+            txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
             tab.logged = shape.schema
             txn.logged.append((ps.pub.name, shape.schema.table, shape.schema))
         return ops
@@ -250,8 +270,46 @@ class Session:
             rc.op = pb.ROW_OP_DELETE
             rc.key.extend(to_value(_text(ev.old[k]), infos[k]) for k in shape.key_idx)
         self.cap.changes += 1
+        op = pb.Op(row=rc)
+        size = op.ByteSize() + 6  # with its tag and length in the entry
         for ps, tab in targets:
-            self._ops(ps, tab, shape).append(pb.Op(row=rc))
+            if self._room(ps, rc, size, shape.key_idx):
+                self._ops(ps, tab, shape).append(op)
+                txn = self.txn
+                assert txn is not None
+                txn.sizes[ps.pub.name] += size
+
+    def _room(self, ps: PubState, rc: pb.RowChange, size: int, key_idx: Sequence[int]) -> bool:
+        """Make room for an op of ``size`` bytes: send a fragment if it would not fit.
+
+        False when the op alone is over the limit: the publication is refused.
+        """
+        txn = self.txn
+        assert txn is not None
+        name, limit = ps.pub.name, self.cap.max_entry_bytes
+        if size > limit:
+            exc = RowTooLarge(
+                publication=name, table=rc.table, key=key_text(rc, key_idx), size=size, limit=limit
+            )
+            self.cap.refused[name] = exc
+            self.hold = self.confirmable if self.hold is None else min(self.hold, self.confirmable)
+            txn.ops.pop(name, None)
+            group = txn.groups.pop(name, None)
+            if group is not None:
+                group.abort()
+            log.error("capture refused", publication=name, table=rc.table, error=str(exc))
+            return False
+        held = txn.sizes.setdefault(name, 0)
+        if held and held + size > limit:
+            entry = pb.Entry(commit_time_us=txn.commit_time_us)
+            entry.ops.extend(txn.ops.pop(name))
+            txn.sizes[name] = 0
+            group = txn.groups.get(name)
+            if group is None:
+                group = txn.groups[name] = GroupWriter(ps.pub)
+            group.add(entry, ps.pub.position)
+            self.touched.add(name)
+        return True
 
     def _fill_unchanged(
         self, r: RelState, new: tuple[Datum, ...], old: tuple[Datum, ...] | None
@@ -287,9 +345,15 @@ class Session:
             ps = self.state[pubname]
             entry = pb.Entry(commit_time_us=ev.commit_time_us)
             entry.ops.extend(ops)
-            ps.pub.append(entry, position=ev.commit_lsn, wait=False)
+            group = txn.groups.get(pubname)
+            if group is not None:
+                group.add(entry, ev.commit_lsn)
+            else:
+                ps.pub.append(entry, position=ev.commit_lsn, wait=False)
+                self.cap.entries += 1
             self.touched.add(pubname)
-            self.cap.entries += 1
+        for group in txn.groups.values():
+            self.cap.entries += group.finish(ev.commit_lsn)
         self.flusher.kick()
         for pubname, table, schema in txn.logged:
             self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
@@ -395,8 +459,11 @@ class Session:
         for name in self.touched:
             self.state[name].pub.log.flush()  # durable before the slot moves past it
         self.touched.clear()
-        self.cur.send_feedback(flush_lsn=self.confirmable, write_lsn=self.confirmable)
-        self.confirmed = self.confirmable
+        lsn = self.confirmable if self.hold is None else min(self.confirmable, self.hold)
+        if lsn <= self.confirmed:
+            return
+        self.cur.send_feedback(flush_lsn=lsn, write_lsn=lsn)
+        self.confirmed = lsn
         self.last_feedback = now
 
 
@@ -407,12 +474,16 @@ def last_before(pub: Publication, lsn: int) -> int:
     snapshot's ``C - 2``/``C - 1`` sit between the commits before and after ``C``;
     a ``Publish`` entry repeats the current position), so this walks back from the
     head over the entries appended since the stream passed ``lsn`` (usually none).
+    The seq returned is a group's last (common/fragments.py): the fragments before
+    it carry the position before their transaction, which may be below ``lsn``
+    while the transaction commits after it.
     """
     log_ = pub.log
     seq = log_.head
     while seq >= max(1, log_.first_seq):
         (payload,) = log_.read(seq, max_entries=1)
-        if int(pb.Entry.FromString(payload).source_position or 0) < lsn:
+        entry = pb.Entry.FromString(payload)
+        if int(entry.source_position or 0) < lsn and not entry.continued:
             break
         seq -= 1
     return seq

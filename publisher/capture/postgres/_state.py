@@ -14,6 +14,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import Relation
 from publisher.publication import Publication
@@ -74,6 +75,10 @@ class Txn:
     commit_time_us: int
     ops: dict[str, list[pb.Op]] = field(default_factory=dict)
     logged: list[tuple[str, str, pb.TableSchema]] = field(default_factory=list)
+    # Per publication: bytes of ``ops``, and the group its earlier fragments went to
+    # (a transaction over max_entry_bytes: publisher/capture/groups.py).
+    sizes: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, GroupWriter] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -60,7 +60,12 @@ class PostgresSource:
     @classmethod
     def open(cls, url: DatabaseUrl, options: SourceOptions) -> PostgresSource:
         """Connect and check the source (wal_level, REPLICATION, slot health): clear errors."""
-        capture = PostgresCapture(url.raw, slot=options.slot, plugin=options.plugin)
+        capture = PostgresCapture(
+            url.raw,
+            slot=options.slot,
+            plugin=options.plugin,
+            max_entry_bytes=options.max_entry_bytes,
+        )
         capture.check()
         return cls(capture)
 

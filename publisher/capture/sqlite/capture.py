@@ -66,9 +66,13 @@ from publisher.capture.sqlite.shapes import (
     qident,
     trigger_name,
 )
-from publisher.errors import SourceError
+from publisher.errors import RowTooLarge, SourceError, key_text
 
-__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
+__all__ = ["CHUNK_ROWS", "CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
+
+# Rows read at once when reading in chunks: narrow rows cost far more as Python
+# objects (about 400 bytes each) than their stored bytes, which max_bytes counts.
+CHUNK_ROWS = 20_000
 
 log = structlog.get_logger(__name__)
 
@@ -107,6 +111,7 @@ class CapturedRow:
     k: object
     v: object
     gen: int | None = None  # None: captured by a build older than generations
+    size: int = 0  # bytes of k and v as stored (either may be left unread: read())
 
 
 class SqliteCapture:
@@ -340,31 +345,61 @@ class SqliteCapture:
             return True
         return False
 
-    def read(self, after_id: int, upto_id: int | None = None) -> list[CapturedRow]:
-        """Every captured row with after_id < id (<= upto_id), in one read transaction.
+    def read(
+        self, after_id: int, upto_id: int | None = None, *, max_bytes: int | None = None
+    ) -> list[CapturedRow]:
+        """Captured rows with after_id < id (<= upto_id), in id order, in one read transaction.
+
+        ``max_bytes``: stop after the row that brings the rows' ``k`` and ``v`` to
+        that many bytes, or after :data:`CHUNK_ROWS` rows (at least one row is
+        read: the caller continues after the last id); a ``k`` or ``v`` longer
+        than it alone is not read at all (None, with ``size`` set:
+        :meth:`build_entries` refuses the row by name).
 
         If the source's schema moved since the last refresh, refresh first (in
         the same read transaction as the rows, the schema version is checked):
         the rows returned were all written after any change was logged.
         """
         c = self._conn
+        big = max_bytes if max_bytes is not None else 2**62
         query = (
-            "SELECT id, pub, tbl, op, k, v, gen FROM _txrepl_capture WHERE id > ? AND id <= ?"
-            " ORDER BY id"
+            "SELECT id, pub, tbl, op,"
+            " CASE WHEN length(k) > :big THEN NULL ELSE k END,"
+            " CASE WHEN length(v) > :big THEN NULL ELSE v END, gen,"
+            " coalesce(length(k), 0) + coalesce(length(v), 0)"
+            " FROM _txrepl_capture WHERE id > :after AND id <= :upto ORDER BY id"
         )
-        bounds = (after_id, upto_id if upto_id is not None else 2**63 - 1)
+        bounds = {
+            "after": after_id,
+            "upto": upto_id if upto_id is not None else 2**63 - 1,
+            "big": big,
+        }
+
+        def fetch() -> list[CapturedRow]:
+            out: list[CapturedRow] = []
+            total = 0
+            cur = c.execute(query, bounds)
+            try:
+                for r in cur:
+                    out.append(CapturedRow(*r))
+                    total += r[7]
+                    if max_bytes is not None and (total >= max_bytes or len(out) >= CHUNK_ROWS):
+                        break
+            finally:
+                cur.close()  # the statement ends before the read transaction does
+            return out
+
         for _ in range(10):
             c.execute("BEGIN")
             try:
                 if self.schema_version() == self._schema_version:
-                    rows = c.execute(query, bounds).fetchall()
-                    return [CapturedRow(*r) for r in rows]
+                    return fetch()
             finally:
                 c.execute("COMMIT")
             self.refresh()
         # DDL faster than we can follow: the rows are still exact (their generation says
         # their shape); the next poll logs the change.
-        return [CapturedRow(*r) for r in c.execute(query, bounds).fetchall()]
+        return fetch()
 
     def release(self, upto_id: int) -> None:
         """Delete captured rows that every publication has durably logged."""
@@ -391,14 +426,50 @@ class SqliteCapture:
         after_id: int,
         tables: Mapping[str, int],
     ) -> tuple[pb.Entry | None, int]:
-        """Ops of ``rows`` that belong to ``publication``; returns (entry or None, last id).
+        """Ops of ``rows`` that belong to ``publication`` as one entry (no size limit)."""
+        entries, last = self.build_entries(publication, rows, after_id, tables)
+        return (entries[0] if entries else None), last
 
-        A row of a generation whose schema this publication's log has not seen
-        (since this process started) is preceded by that schema (shapes.py).
+    def build_entries(
+        self,
+        publication: str,
+        rows: Iterable[CapturedRow],
+        after_id: int,
+        tables: Mapping[str, int],
+        max_bytes: int | None = None,
+    ) -> tuple[list[pb.Entry], int]:
+        """Ops of ``rows`` that belong to ``publication``; returns (entries, last id).
+
+        With ``max_bytes``, each entry's ops stay within it (a new entry starts
+        when the next op would not fit) and a row change alone over it raises
+        :class:`RowTooLarge`, naming its table and key.  A row of a generation
+        whose schema this publication's log has not seen (since this process
+        started) is preceded by that schema (shapes.py).
         """
+        limit = max_bytes if max_bytes is not None else 2**62
+        entries: list[pb.Entry] = []
         entry = pb.Entry()
+        size = 0
         last = after_id
         logged = self._logged
+
+        def room(op: pb.Op, key_idx: Sequence[int] = ()) -> None:
+            nonlocal entry, size
+            n = op.ByteSize() + 6  # the op's tag and length
+            if n > limit:
+                raise RowTooLarge(
+                    publication=publication,
+                    table=op.row.table or op.schema.table,
+                    key=key_text(op.row, key_idx),
+                    size=n,
+                    limit=limit,
+                )
+            if size + n > limit and entry.ops:
+                entries.append(entry)
+                entry, size = pb.Entry(), 0
+            entry.ops.append(op)
+            size += n
+
         for r in rows:
             if r.id <= after_id:
                 continue
@@ -410,18 +481,29 @@ class SqliteCapture:
                 continue
             if r.op == "S":
                 assert isinstance(r.v, bytes)
-                op_schema = entry.ops.add().schema
-                op_schema.MergeFromString(r.v)
-                op_schema.table = format_table(None, r.tbl)
+                op = pb.Op()
+                op.schema.MergeFromString(r.v)
+                op.schema.table = format_table(None, r.tbl)
+                room(op)
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
             if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
-                op_schema = entry.ops.add().schema
-                op_schema.CopyFrom(shape.schema)
-                op_schema.table = format_table(None, r.tbl)
+                op = pb.Op()
+                op.schema.CopyFrom(shape.schema)
+                op.schema.table = format_table(None, r.tbl)
+                room(op)
                 logged[(publication, r.tbl)] = r.gen
-            rc = entry.ops.add().row
+            if r.size > limit:
+                raise RowTooLarge(
+                    publication=publication,
+                    table=r.tbl,
+                    key=self._large_key(r, shape),
+                    size=r.size,
+                    limit=limit,
+                )
+            op = pb.Op()
+            rc = op.row
             rc.table = format_table(None, r.tbl)  # the wire's form (common/names.py)
             rc.op = _OPS[r.op]
             if r.k is not None:
@@ -436,11 +518,29 @@ class SqliteCapture:
                     encode(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
-        if not entry.ops:
-            return None, last
-        entry.commit_time_us = int(time.time() * 1_000_000)
-        entry.source_position = str(last)
-        return entry, last
+            room(op, shape.key_idx)
+        if entry.ops:
+            entries.append(entry)
+        now = int(time.time() * 1_000_000)
+        for e in entries:
+            e.commit_time_us = now
+            e.source_position = str(last)
+        return entries, last
+
+    def _large_key(self, r: CapturedRow, shape: _Shape) -> str:
+        """The key of a row too large to read, read alone from SQLite (json_extract)."""
+        if not shape.key_idx:
+            return "(no key)"
+        col = "k" if r.op in ("U", "D") else "v"
+        at = shape.key_idx if col == "v" else range(len(shape.key_idx))
+        parts = ", ".join(f"json_extract({col}, '$[{i}]')" for i in at)
+        got = self._conn.execute(f"SELECT {parts} FROM _txrepl_capture WHERE id = ?", (r.id,))
+        row = got.fetchone() or ()
+        shown = (
+            f"{k}={(parse_sql_literal(str(x)) if x is not None else None)!r:.60}"
+            for k, x in zip(shape.schema.primary_key, row, strict=False)
+        )
+        return "(" + ", ".join(shown) + ")"
 
 
 _OPS = {
@@ -458,12 +558,15 @@ class _Shape:
     schema: pb.TableSchema
     types: list[tuple[int, int]]
     key_types: list[tuple[int, int]]
+    key_idx: list[int]
 
     @classmethod
     def of(cls, schema: pb.TableSchema) -> _Shape:
         by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
+        names = [c.name for c in schema.columns]
         return cls(
             schema,
             [(int(c.type), c.scale) for c in schema.columns],
             [by_name[k] for k in schema.primary_key],
+            [names.index(k) for k in schema.primary_key],
         )

@@ -37,11 +37,12 @@ from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.names import format_table, parse_table
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.groups import GroupWriter
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
-from publisher.capture.sqlite.capture import SqliteCapture, qident
+from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
 from publisher.capture.values import rows_chunk, value_writer
-from publisher.errors import SourceError
+from publisher.errors import RowTooLarge, SourceError
 from publisher.publication import Publication
 
 __all__ = ["RETRY", "SqliteSource"]
@@ -73,9 +74,19 @@ class SqliteSource:
 
     dialect = "sqlite"
 
-    def __init__(self, path: Path, *, poll_interval_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        poll_interval_s: float = 0.005,
+        max_entry_bytes: int = SourceOptions.max_entry_bytes,
+    ) -> None:
         self.capture = SqliteCapture(path)
         self.poll_interval_s = poll_interval_s
+        self.max_entry_bytes = max_entry_bytes
+        # Publications whose capture stopped on a row it cannot carry (kept until a
+        # restart with a larger max_entry_bytes; their rows are kept in the source).
+        self.refused: dict[str, RowTooLarge] = {}
         self.lock = threading.Lock()
         self.pubs: list[Publication] | None = None  # set when streaming starts
         self._streaming = threading.Event()
@@ -86,7 +97,11 @@ class SqliteSource:
 
     @classmethod
     def open(cls, url: DatabaseUrl, options: SourceOptions) -> SqliteSource:
-        return cls(url.sqlite_path, poll_interval_s=options.poll_interval_s)
+        return cls(
+            url.sqlite_path,
+            poll_interval_s=options.poll_interval_s,
+            max_entry_bytes=options.max_entry_bytes,
+        )
 
     @property
     def entries(self) -> int:
@@ -130,37 +145,84 @@ class SqliteSource:
             halt.wait(self.poll_interval_s)
 
     def step(self, upto: int | None = None) -> int:
-        """One poll: committed capture rows (ids <= ``upto``) become at most one entry each."""
+        """One poll: committed capture rows (ids <= ``upto``) become one group per publication.
+
+        Every row committed when the poll begins (ids <= P, the highest id handed
+        out) is read in chunks of about ``max_entry_bytes``, each in its own short
+        read transaction, and built into entries of at most ``max_entry_bytes``;
+        a poll larger than one entry becomes a group of fragments
+        (common/fragments.py).  Memory: one chunk plus one entry per publication.
+        A publication whose rows cannot be carried (a row over the limit) stops
+        with its error logged (:attr:`refused`); the others go on.
+        """
         pubs = self.pubs
         if pubs is None:
             raise RuntimeError("capture is not running yet")
-        low = min(p.position for p in pubs)
-        rows = self.capture.read(low, upto)
-        if not rows:
+        live = [p for p in pubs if p.name not in self.refused]
+        if not live:
             return 0
-        installed = self.capture.installed()
-        appended = 0
-        for pub in pubs:
-            entry, last = self.capture.build_entry(
-                pub.name, rows, pub.position, installed.get(pub.name, {})
+        if upto is None:
+            upto = self.capture.max_id()
+        installed: dict[str, dict[str, int]] | None = None
+        groups = {p.name: GroupWriter(p) for p in live}
+        ends = {p.name: p.position for p in live}
+        after = min(p.position for p in live)
+        read = 0
+        try:
+            while True:
+                rows = self.capture.read(after, upto, max_bytes=self.max_entry_bytes)
+                if not rows:
+                    break
+                read += len(rows)
+                if installed is None:
+                    installed = self.capture.installed()
+                for pub in live:
+                    if pub.name in self.refused:
+                        continue
+                    self._build(pub, groups[pub.name], rows, ends, installed)
+                after = rows[-1].id
+            appended = sum(
+                groups[p.name].finish(ends[p.name]) for p in live if p.name not in self.refused
             )
-            if entry is not None:
-                try:
-                    pub.append(entry, position=last)
-                except BaseException:
-                    self.capture.forget(pub.name)  # its schema ops were not logged
-                    raise
-                appended += 1
-            elif last > pub.position:
-                pub.advance(last)
+        except BaseException:
+            for p in live:
+                self.capture.forget(p.name)  # their schema ops may not have been logged
+                if p.name not in self.refused:
+                    groups[p.name].abort()
+            raise
+        if not read:
+            return 0
         self._entries += appended
         # Deleting captured rows takes SQLite's write lock, which the application's
         # writers hold almost all the time under load: doing it every poll made
         # capture queue behind them (and grouped hundreds of transactions per entry).
         # Release at most once a second, or when many rows wait.
-        self._unreleased += len(rows)
+        self._unreleased += read
         self._release()
         return appended
+
+    def _build(
+        self,
+        pub: Publication,
+        group: GroupWriter,
+        rows: list[CapturedRow],
+        ends: dict[str, int],
+        installed: dict[str, dict[str, int]],
+    ) -> None:
+        """Add ``pub``'s entries of one chunk to its group; refuse it on a row too large."""
+        try:
+            entries, last = self.capture.build_entries(
+                pub.name, rows, ends[pub.name], installed.get(pub.name, {}), self.max_entry_bytes
+            )
+        except RowTooLarge as exc:
+            self.refused[pub.name] = exc
+            self.capture.forget(pub.name)
+            group.abort()
+            log.error("capture refused", publication=pub.name, table=exc.table, error=str(exc))
+            return
+        for entry in entries:
+            group.add(entry, last)
+        ends[pub.name] = last
 
     def _release(self) -> None:
         """Delete logged capture rows if a second has passed or many wait."""

@@ -21,13 +21,16 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pcsv
+from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.writer import column_of
 from subscriber.targets.postgres._names import table_sql
 
-__all__ = ["csv_bytes", "pg_column", "pg_type", "table_types"]
+__all__ = ["csv_bytes", "merge_sql", "pg_column", "pg_type", "table_types"]
+
+Q = sql.Identifier
 
 T = pb.ColumnType
 
@@ -118,3 +121,22 @@ def csv_bytes(table: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> by
     buf = io.BytesIO()
     pcsv.write_csv(out, buf, _WRITE)
     return buf.getvalue()
+
+
+def merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
+    """INSERT the staged rows into the table, updating the rows whose key exists."""
+    names = [c.name for c in schema.columns]
+    cols = sql.SQL(", ").join(Q(n) for n in names)
+    picks = sql.SQL(", ").join(Q(f"c{i}") for i in range(len(names)))
+    pk = sql.SQL(", ").join(Q(k) for k in schema.primary_key)
+    rest = [n for n in names if n not in schema.primary_key]
+    conflict: sql.Composable
+    if rest:
+        sets = sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(Q(n)) for n in rest)
+        conflict = sql.SQL("DO UPDATE SET {}").format(sets)
+    else:
+        conflict = sql.SQL("DO NOTHING")
+    # OVERRIDING SYSTEM VALUE: identity ALWAYS keys take the publisher's values.
+    return sql.SQL(
+        "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ON CONFLICT ({}) {}"
+    ).format(table_sql(schema.table), cols, picks, Q(stage), pk, conflict)

@@ -72,11 +72,11 @@ from subscriber.apply.writer import (
     SubscriptionState,
     TruncateStep,
 )
-from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
+from subscriber.targets.held import Held
+from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
+from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
-from subscriber.targets.postgres._sequences import advance_sequences
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -113,9 +113,6 @@ Q = sql.Identifier
 
 # The metadata statements (subscriber/targets/metadata.py) as PostgreSQL spells them:
 # the level row is made if missing, then locked FOR UPDATE (a second applier waits).
-METADATA_SQL = MetadataSql(
-    mark="%({})s", now="now()", lock_suffix=" FOR UPDATE", make_level_row=True
-)
 
 
 def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool:
@@ -127,7 +124,7 @@ def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool
     return isinstance(exc, psycopg.OperationalError)
 
 
-class PostgresWriter:
+class PostgresWriter(GroupWrites):
     """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
 
     dialect = "postgresql"
@@ -161,6 +158,7 @@ class PostgresWriter:
         self._seqs: dict[str, list[tuple[str, str]]] = {}  # owned sequences (_sequences.py)
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
+        self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -309,31 +307,6 @@ class PostgresWriter:
             )
             return state
 
-    def write(
-        self,
-        subscription: str,
-        incarnation: str,
-        first_seq: int,
-        last_seq: int,
-        steps: Sequence[Step],
-        reexecute: bool = False,  # a stored, skipped entry: see targets.metadata
-    ) -> int:
-        def body(cur: psycopg.Cursor[Any]) -> int:
-            METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
-            written = 0
-            for n, step in enumerate(steps):
-                written += self._step(cur, subscription, step, staged.get(n))
-            rows = [s.schema.table for s in steps if isinstance(s, RowsStep)]
-            advance_sequences(cur, rows, self._seqs)
-            METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)
-            return written
-
-        seqs = (first_seq, last_seq)
-        with self._lock:
-            staged = self._jdbc_stages(subscription, first_seq, steps)
-            written: int = self._run(subscription, first_seq, body)
-            return written
-
     # -- steps -------------------------------------------------------------------
 
     def _step(
@@ -474,7 +447,7 @@ class PostgresWriter:
                 upserts = upserts[step.fresh :]
             if upserts.num_rows:
                 stage = ju or self._copied(cur, schema, every, upserts)
-                cur.execute(_merge_sql(schema, stage))
+                cur.execute(merge_sql(schema, stage))
             written += step.upserts.num_rows
         for jdbc_stage in (jd, ju):
             if jdbc_stage is not None:  # emptied with the commit that merged it
@@ -578,22 +551,3 @@ class PostgresWriter:
                 seq,
                 lambda cur: METADATA_SQL.mark_error(cur, subscription, seq, status),
             )
-
-
-def _merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
-    """INSERT the staged rows into the table, updating the rows whose key exists."""
-    names = [c.name for c in schema.columns]
-    cols = sql.SQL(", ").join(Q(n) for n in names)
-    picks = sql.SQL(", ").join(Q(f"c{i}") for i in range(len(names)))
-    pk = sql.SQL(", ").join(Q(k) for k in schema.primary_key)
-    rest = [n for n in names if n not in schema.primary_key]
-    conflict: sql.Composable
-    if rest:
-        sets = sql.SQL(", ").join(sql.SQL("{0} = excluded.{0}").format(Q(n)) for n in rest)
-        conflict = sql.SQL("DO UPDATE SET {}").format(sets)
-    else:
-        conflict = sql.SQL("DO NOTHING")
-    # OVERRIDING SYSTEM VALUE: identity ALWAYS keys take the publisher's values.
-    return sql.SQL(
-        "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ON CONFLICT ({}) {}"
-    ).format(T(schema.table), cols, picks, Q(stage), pk, conflict)

@@ -53,6 +53,7 @@ from subscriber.apply.writer import (
     column_of,
     python_values,
 )
+from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite.triggers import TriggerGuard
@@ -153,7 +154,7 @@ def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[objec
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
 
-class SqliteWriter:
+class SqliteWriter(HeldWrites):
     """Writes batches into one SQLite database file (thread-safe; one connection)."""
 
     dialect = "sqlite"
@@ -183,6 +184,7 @@ class SqliteWriter:
             raise WriterError(f"cannot open SQLite target {self.path}: {exc}") from exc
         self._lock = threading.Lock()
         self._guard = TriggerGuard()
+        self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
 
     def close(self) -> None:
         with self._lock:
@@ -197,7 +199,7 @@ class SqliteWriter:
                     f"cannot read state from {self.path}: {exc}", subscription=subscription
                 ) from exc
 
-    def write(
+    def write_held(
         self,
         subscription: str,
         incarnation: str,
@@ -205,18 +207,28 @@ class SqliteWriter:
         last_seq: int,
         steps: Sequence[Step],
         *,
+        commit: bool,
         reexecute: bool = False,
     ) -> int:
+        """:meth:`write`, or (``commit=False``) a piece of a group left uncommitted
+        (subscriber/targets/held.py): one ``BEGIN IMMEDIATE`` spans the pieces."""
         with self._lock:
             conn = self._conn
             try:
-                conn.execute("BEGIN IMMEDIATE")
-                METADATA_SQL.open_batch(conn, subscription, incarnation, first_seq, reexecute)
-                self._guard.ensure(conn)
-                conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
+                if self._held.open:
+                    self._held.check(subscription, first_seq)
+                else:
+                    conn.execute("BEGIN IMMEDIATE")
+                    METADATA_SQL.open_batch(conn, subscription, incarnation, first_seq, reexecute)
+                    self._guard.ensure(conn)
+                    conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
+                if not commit:
+                    self._held.hold(subscription, last_seq)
+                    return written
+                self._held.clear()
                 self._guard.ensure(conn)  # a replicated schema op or SQL may add triggers
                 conn.execute("DELETE FROM txrepl_applying")
                 seqs = (first_seq, last_seq)
@@ -224,9 +236,19 @@ class SqliteWriter:
                 conn.execute("COMMIT")
                 return written
             except BaseException as exc:
+                self._held.clear()
                 self._guard.forget()
                 self._fail(exc, subscription, first_seq)
                 raise
+
+    def abandon(self) -> None:
+        """Roll back a group's held transaction, if one is open."""
+        with self._lock:
+            if self._held.open:
+                self._held.clear()
+                self._guard.forget()
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
 
     def _fail(self, exc: BaseException, subscription: str, seq: int | None) -> None:
         """Roll back; translate a driver error (the caller re-raises anything else)."""

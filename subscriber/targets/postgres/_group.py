@@ -1,0 +1,138 @@
+"""Writes of :class:`PostgresWriter`: a batch, or a group's pieces in one held transaction.
+
+A piece of a group larger than the batch limits (``commit=False``,
+subscriber/targets/held.py) runs, like every batch, in ``_run``'s
+``conn.transaction()``; the first piece issues a ``BEGIN`` before it, so that
+block and every later piece's become savepoints of that one transaction, which
+the last piece commits after writing the level.  A held group never uses JDBC
+stages (their emptying would roll back with the group, leaving rows to merge
+twice).  Any failure closes the connection with the transaction (temporary
+stages die with it; the writer makes new ones).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from subscriber.apply.errors import WriterError
+from subscriber.apply.writer import RowsStep, Step
+from subscriber.targets.held import Held, HeldWrites
+from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.postgres._sequences import advance_sequences
+
+__all__ = ["METADATA_SQL", "GroupWrites"]
+
+METADATA_SQL = MetadataSql(
+    mark="%({})s", now="now()", lock_suffix=" FOR UPDATE", make_level_row=True
+)
+
+
+class GroupWrites(HeldWrites):
+    """``write``, ``write_held`` and ``abandon``; the rest is :class:`PostgresWriter`'s."""
+
+    _held: Held
+    _seqs: dict[str, list[tuple[str, str]]]  # owned sequences (_sequences.py)
+    _lock: threading.Lock
+    _conn: psycopg.Connection[Any] | None
+
+    def write_held(
+        self,
+        subscription: str,
+        incarnation: str,
+        first_seq: int,
+        last_seq: int,
+        steps: Sequence[Step],
+        *,
+        commit: bool,
+        reexecute: bool = False,
+    ) -> int:
+        """:meth:`write`, or (``commit=False``) a piece of a group left uncommitted
+        (subscriber/targets/held.py): pieces run as savepoints of one ``BEGIN``.
+        ``reexecute``: a stored, skipped entry (subscriber/targets/metadata.py)."""
+        held = self._held
+
+        def body(cur: psycopg.Cursor[Any]) -> int:
+            if held.open:
+                held.check(subscription, first_seq)
+            else:
+                METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
+            written = 0
+            for n, step in enumerate(steps):
+                written += self._step(cur, subscription, step, staged.get(n))
+            advance_sequences(
+                cur, [s.schema.table for s in steps if isinstance(s, RowsStep)], self._seqs
+            )
+            if commit:
+                seqs = (first_seq, last_seq)
+                METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)
+            return written
+
+        with self._lock:
+            grouped = held.open or not commit  # no JDBC stages: emptied by a rollback too
+            staged = {} if grouped else self._jdbc_stages(subscription, first_seq, steps)
+            try:
+                if grouped and not held.open:
+                    self._connection().execute("BEGIN")
+                written: int = self._run(subscription, first_seq, body)
+                if commit and grouped:
+                    self._connection().execute("COMMIT")
+            except psycopg.Error as exc:
+                self._abandon()
+                raise self._refused(exc, self._conn, "the group", subscription, first_seq) from exc
+            except BaseException:
+                if grouped:
+                    self._abandon()
+                raise
+            if commit:
+                held.clear()
+            else:
+                held.hold(subscription, last_seq)
+            return written
+
+    def abandon(self) -> None:
+        """Roll back a group's held transaction, if one is open."""
+        with self._lock:
+            if self._held.open:
+                self._abandon()
+
+    def _abandon(self) -> None:
+        # The connection goes with the transaction: its temporary stages may be gone.
+        self._held.clear()
+        if self._conn is not None:
+            self._conn.close()
+
+    # -- provided by PostgresWriter ------------------------------------------------
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        raise NotImplementedError
+
+    def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
+        raise NotImplementedError
+
+    def _refused(
+        self,
+        exc: psycopg.Error,
+        conn: psycopg.Connection[Any] | None,
+        what: str,
+        subscription: str,
+        seq: int | None,
+    ) -> WriterError:
+        raise NotImplementedError
+
+    def _jdbc_stages(
+        self, subscription: str, first_seq: int, steps: Sequence[Step]
+    ) -> dict[int, tuple[str | None, str | None]]:
+        raise NotImplementedError
+
+    def _step(
+        self,
+        cur: psycopg.Cursor[Any],
+        subscription: str,
+        step: Step,
+        staged: tuple[str | None, str | None] | None = None,
+    ) -> int:
+        raise NotImplementedError
