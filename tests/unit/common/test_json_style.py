@@ -30,6 +30,7 @@ JSON_COMMANDS = {
     "subscriber pause",
     "subscriber resume",
     "subscriber reconnect",
+    "subscriber unbreak",
     "subscriber errors list",
 }
 
