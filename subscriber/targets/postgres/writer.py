@@ -73,6 +73,7 @@ from subscriber.apply.writer import (
     TruncateStep,
 )
 from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.postgres._constraints import PostgresOrderedTables
 from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._truncate import empty_table
@@ -125,7 +126,7 @@ def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool
     return isinstance(exc, psycopg.OperationalError)
 
 
-class PostgresWriter:
+class PostgresWriter(PostgresOrderedTables):
     """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
 
     dialect = "postgresql"

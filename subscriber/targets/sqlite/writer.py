@@ -54,6 +54,7 @@ from subscriber.apply.writer import (
 )
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
+from subscriber.targets.sqlite._constraints import SqliteOrderedTables
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
@@ -148,7 +149,7 @@ def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[objec
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
 
-class SqliteWriter:
+class SqliteWriter(SqliteOrderedTables):
     """Writes batches into one SQLite database file (thread-safe; one connection)."""
 
     dialect = "sqlite"
@@ -168,6 +169,8 @@ class SqliteWriter:
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
+            # Foreign keys are the source's business (the replica role: _order.py).
+            self._conn.execute("PRAGMA foreign_keys=OFF")
             self._conn.executescript(METADATA)
             cols = [r[1] for r in self._conn.execute("PRAGMA table_info(txrepl_errors)")]
             if "status" not in cols:  # made by an earlier build
