@@ -49,3 +49,21 @@ class PostgresOrderedTables:
         with self._lock:
             found: frozenset[str] = self._run("", None, body)
             return found
+
+
+def refusal_text(exc: psycopg.Error) -> str:
+    """The driver's error in one line naming, when the server says them, the table,
+    the constraint and the key (``Key (email)=(a) already exists.``, ``Failing row
+    contains ...``): what an operator needs to find the cause of a refused batch."""
+    diag = exc.diag
+    primary = diag.message_primary or (str(exc).splitlines() or [""])[0]
+    where = [
+        f"{what} {value}"
+        for what, value in (("table", diag.table_name), ("constraint", diag.constraint_name))
+        if value
+    ]
+    if diag.message_detail:
+        where.append(diag.message_detail)
+    if not where:
+        return f"{type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {primary} ({'; '.join(where)})"

@@ -73,7 +73,7 @@ from subscriber.apply.writer import (
     TruncateStep,
 )
 from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.postgres._constraints import PostgresOrderedTables
+from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, pg_type, table_types
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._truncate import empty_table
@@ -217,7 +217,7 @@ class PostgresWriter(PostgresOrderedTables):
         where = self.dsn.rsplit("@", 1)[-1]
         cls = TransientError if _transient(exc, conn) else WriterError
         return cls(
-            f"PostgreSQL target {where} refused {what}: {type(exc).__name__}: {exc}",
+            f"PostgreSQL target {where} refused {what}: {refusal_text(exc)}",
             subscription=subscription,
             seq=seq,
         )

@@ -45,3 +45,51 @@ class SqliteOrderedTables:
                 )
             except sqlite3.Error as exc:
                 raise WriterError(f"cannot read the indexes of the SQLite target: {exc}") from exc
+
+
+def refused_row(
+    conn: sqlite3.Connection,
+    table: str,
+    statement: str,
+    rows: Iterable[tuple[object, ...]],
+    names: list[str],
+    key: list[str],
+) -> str:
+    """Which row of a failed ``executemany(statement, rows)`` the target refused, and
+    by which unique index: ``key (id)=(11), index child_v (v)=('same')``.
+
+    Only after a failure: the rows are tried again one by one in a savepoint that is
+    rolled back (those before the refused one were applied already, and applying
+    them again changes nothing: upserts by primary key).
+    """
+    conn.execute("SAVEPOINT txrepl_probe")
+    try:
+        for row in rows:
+            try:
+                conn.execute(statement, row)
+            except sqlite3.IntegrityError:
+                return _describe(conn, table, dict(zip(names, row, strict=True)), key)
+        return "row not found"
+    finally:
+        conn.execute("ROLLBACK TO txrepl_probe")
+        conn.execute("RELEASE txrepl_probe")
+
+
+def _describe(conn: sqlite3.Connection, table: str, row: dict[str, object], key: list[str]) -> str:
+    def pairs(cols: list[str]) -> str:
+        values = ", ".join(repr(row.get(c)) for c in cols)
+        return f"({', '.join(cols)})=({values})"
+
+    out = [f"key {pairs(key)}"]
+    for _, index, unique, origin, _ in conn.execute(f"PRAGMA index_list({_quote(table)})"):
+        cols = [r[2] for r in conn.execute(f"PRAGMA index_info({_quote(index)})")]
+        if not unique or origin == "pk" or None in cols or any(row.get(c) is None for c in cols):
+            continue
+        match = " AND ".join(f"{_quote(c)} IS ?" for c in cols)
+        other = " OR ".join(f"{_quote(k)} IS NOT ?" for k in key)
+        args = [row[c] for c in cols] + [row[k] for k in key]
+        if conn.execute(
+            f"SELECT 1 FROM {_quote(table)} WHERE {match} AND ({other})", args
+        ).fetchone():
+            out.append(f"index {index} {pairs(cols)}")
+    return ", ".join(out)

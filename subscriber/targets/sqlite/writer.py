@@ -54,7 +54,7 @@ from subscriber.apply.writer import (
 )
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
-from subscriber.targets.sqlite._constraints import SqliteOrderedTables
+from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
@@ -399,10 +399,24 @@ class SqliteWriter(SqliteOrderedTables):
                 conflict = f"DO UPDATE SET {sets}"
             else:
                 conflict = "DO NOTHING"
-            self._conn.executemany(
-                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}",
-                _rows_of(cols),
+            upsert = (
+                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}"
             )
+            try:
+                self._conn.executemany(upsert, _rows_of(cols))
+            except sqlite3.IntegrityError as exc:  # name the row (a target-only constraint)
+                row = refused_row(
+                    self._conn,
+                    schema.table,
+                    upsert,
+                    _rows_of(cols),
+                    names,
+                    list(schema.primary_key),
+                )
+                raise WriterError(
+                    f"SQLite target {self.path} refused the batch: {exc} (table "
+                    f"{schema.table!r}, {row}): a constraint the source does not have?"
+                ) from exc
             written += step.upserts.num_rows
         return written
 

@@ -19,8 +19,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
+from common.rpc import txrepl_pb2 as pb
+from common.rpc import txrepl_pb2_grpc as rpc
 from tests.support.harness import Pair, wait_until
 
 pytestmark = pytest.mark.spark
@@ -45,13 +48,15 @@ def _nick(i: int, value: str) -> str:
     return f"UPDATE users SET nick = '{value}' WHERE id = {i}"
 
 
-# Each inner list is one source transaction.
-TRANSACTIONS: list[list[str]] = [
+# Each inner list is one source transaction.  SETUP is applied first, on its own.
+SETUP: list[list[str]] = [
     ["INSERT INTO users VALUES (1, 'a', 'na'), (2, 'b', 'nb'), (3, 'c', 'nc'), (4, 'd', 'nd')"],
     [
         "INSERT INTO parent VALUES (1, 'p1'), (2, 'p2')",
         "INSERT INTO child VALUES (1, 1, 2, 'c1'), (2, 2, 1, 'c2'), (3, 1, 1, 'c3')",
     ],
+]
+TRANSACTIONS: list[list[str]] = [
     # A swap through a temporary value in one transaction: emails 1:b 2:a.
     [_email(1, "tmp"), _email(2, "a"), _email(1, "b")],
     # A cycle of three in one transaction: nicks 1:nb 2:nc 3:na.
@@ -185,22 +190,41 @@ def side(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     s.close()
 
 
+def _control(pair: Pair, method: str) -> None:
+    """``Pause`` or ``Resume`` the subscription through the subscriber's control service."""
+    assert pair.sub is not None
+    with grpc.insecure_channel(pair.sub.address) as ch:
+        getattr(rpc.SubscriberControlStub(ch), method)(pb.SubscriptionRequest(), timeout=10)
+
+
 @pytest.mark.parametrize("mode", ["running", "paused"])
 def test_swaps_cycles_and_foreign_keys_apply(side: Side, mode: str) -> None:
     """Unique swaps and cycles (in one transaction and across several), key changes,
-    parent/child inserts, re-parenting, children-first deletes and cascades: the
-    subscription stays in sync and the target equals the source."""
+    parent/child inserts, re-parenting, children-first deletes and cascades, on rows
+    the target already holds: the subscription stays in sync and the target equals
+    the source, whether each transaction comes on its own (running) or all land in
+    one batch (paused, then resumed)."""
     pair = side.pair
     pair.start_publisher()
+    pair.start_subscriber()
+    _run(side.source, SETUP)
+    side.settle()
     if mode == "running":
-        pair.start_subscriber()
-        side.settle()
         for txn in TRANSACTIONS:
             _run(side.source, [txn])
             time.sleep(0.05)  # some batches of one transaction, some of several
     else:
+        _control(pair, "Pause")
+        wait_until(lambda: pair.status().state == "paused", 30, "the pause")
         _run(side.source, TRANSACTIONS)
-        pair.start_subscriber()
+        heads = [pair.head()]
+
+        def captured() -> bool:  # the head moved and then held still for a second
+            heads.append(pair.head())
+            return heads[-1] > pair.status().level and len(set(heads[-5:])) == 1
+
+        wait_until(captured, 30, "the capture of the transactions", interval=0.25)
+        _control(pair, "Resume")
     side.settle()
     rows = side.target_rows()
     assert rows["users"] == [
@@ -298,3 +322,44 @@ def test_subscriber_sigkill_during_constrained_batches(side: Side) -> None:
         _churn(side.source, rng, 300)
     pair.start_subscriber()
     side.settle(timeout=240)
+
+
+def test_a_constraint_only_the_target_has_parks_the_transaction(side: Side) -> None:
+    """A unique index only the target has refuses a source transaction: the
+    subscription stops in error with a message naming the table, the key and the
+    constraint, the whole transaction is parked in txrepl_errors, nothing of it
+    is applied, and the transactions before it are."""
+    dst = side.target()
+    dst.execute("CREATE UNIQUE INDEX child_v ON child (v)")
+    dst.commit()
+    dst.close()
+    pair = side.pair
+    _run(side.source, [["INSERT INTO parent VALUES (1, 'p1')"]])
+    pair.start_publisher()
+    pair.start_subscriber()
+    side.settle()
+    good = pair.status().level
+    _run(
+        side.source,
+        [
+            [
+                "INSERT INTO parent VALUES (2, 'p2')",
+                "INSERT INTO child VALUES (10, 1, 1, 'same'), (11, 2, 2, 'same')",
+            ]
+        ],
+    )
+    wait_until(lambda: pair.status().state == "error", 120, "the subscription to stop")
+    st = pair.status()
+    assert st.level == good
+    rows = side.target_rows()
+    assert rows["parent"] == [(1, "p1")]  # nothing of the refused transaction
+    assert rows["child"] == []
+    dst = side.target()
+    try:
+        stored = dst.execute("SELECT seq, status, error FROM txrepl_errors").fetchall()
+    finally:
+        dst.close()
+    assert [(s, status) for s, status, _ in stored] == [(good + 1, "open")]
+    error = stored[0][2]
+    for word in ("child", "child_v", "same"):
+        assert word in error, error
