@@ -30,7 +30,12 @@ Algorithm, for a batch ``(first_seq, entries)``; entry ``i`` has seq ``first_seq
    the key ordered by ``(_seq, _pos)`` descending, ``row_number() = 1``, then
    Spark SQL).  This is correct because, within a segment, the state of a key
    after all its events depends only on its last event (an upsert writes the
-   whole row, a delete removes it), and events of different keys commute.
+   whole row, a delete removes it), and events of different keys commute as
+   far as the final state goes.  They do not commute for the constraints a
+   target checks row by row (a unique email swapped through a temporary value):
+   the rows steps of a table holding a unique or exclusion constraint are
+   written as "delete every touched key, then insert" (``_order.py``, with the
+   argument for foreign keys and CHECK constraints too).
    Barriers are never reordered with the rows around them.
 4. **Write.**  The writer runs, in ONE target transaction: re-read the level row
    under the target's write lock and refuse unless ``level + 1 == first_seq`` (and
@@ -84,6 +89,7 @@ import pyarrow as pa
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
+from subscriber.apply._order import ConstraintOrder
 from subscriber.apply._pieces import Pieces
 from subscriber.apply._plan import Planning
 from subscriber.apply.entry import AnyEntry, group_half
@@ -161,6 +167,7 @@ class Applier(Planning, Pieces):
         self._sleep = sleep
         self._shapes: dict[tuple[str, bytes], tuple[pb.TableSchema, list[tuple[str, str]]]] = {}
         self._spark_thread: ThreadPoolExecutor | None = None  # the net-effect job
+        self._order = ConstraintOrder(writer)  # rows steps under unique constraints
         self._last_plan_s = 0.0
         self.options = ApplyOptions()
         self.configure(options or ApplyOptions())
@@ -345,6 +352,7 @@ class Applier(Planning, Pieces):
             except (GapError, TransientError):
                 raise
             except ApplyError as exc:
+                self._order.forget()  # a constraint added by hand: read the catalog again
                 failure = exc
         # -- groups (issue 21, common/fragments.py S1): halves end at group ends --
         half = group_half(entries)
@@ -385,7 +393,8 @@ class Applier(Planning, Pieces):
         last_seq = first_seq + len(entries) - 1
 
         def write() -> int:
-            return self._writer.write(self.subscription, incarnation, first_seq, last_seq, steps)
+            ordered = self._order.steps(steps)  # constraint-safe order (_order.py)
+            return self._writer.write(self.subscription, incarnation, first_seq, last_seq, ordered)
 
         try:
             written: int = self._retrying(write)

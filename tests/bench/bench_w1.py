@@ -30,7 +30,9 @@ lag        the subscriber is running and in sync after transaction 0; transactio
 Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
 20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000);
 ``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three; ``txrepl pg serial``,
-txrepl pg with the subscriber's ``[batch] plan_ahead = false``, only when named) and
+txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk`` and
+``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
+index on orders) on both sides, only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -91,7 +93,16 @@ def _env_int(name: str, default: int) -> int:
 
 SYSTEMS = ("txrepl sqlite", "pg native", "txrepl pg")
 # Not run by default: txrepl pg with the subscriber's [batch] plan_ahead off (A/B).
-EXTRA_SYSTEMS = ("txrepl pg serial",)
+EXTRA_SYSTEMS = ("txrepl pg serial", "txrepl pg fk", "txrepl pg fk+unique")
+# The constraint variants of txrepl pg (issue 20), DDL run on both sides after W1's:
+# a foreign key from orders to accounts (the replica role leaves the apply path as
+# is), and with it a unique index on orders, which takes orders' rows steps to the
+# constraint-safe order (delete the touched keys, then insert: subscriber/apply/_order.py).
+VARIANTS = {
+    "fk": "ALTER TABLE orders ADD FOREIGN KEY (account_id) REFERENCES accounts (id)",
+    "fk+unique": "ALTER TABLE orders ADD FOREIGN KEY (account_id) REFERENCES accounts (id);"
+    " CREATE UNIQUE INDEX orders_account_order ON orders (account_id, id)",
+}
 
 
 def _env_list(
@@ -443,12 +454,21 @@ class TxreplPg(Rig):
     target_kind = "pg"
 
     def __init__(
-        self, base: Path, src_server: Any, dst_server: Any, *, plan_ahead: bool = True
+        self,
+        base: Path,
+        src_server: Any,
+        dst_server: Any,
+        *,
+        plan_ahead: bool = True,
+        variant: str = "",
     ) -> None:
         self.base = base
         self.plan_ahead = plan_ahead
         if not plan_ahead:
             self.name = "txrepl pg serial"
+        self.extra_ddl = VARIANTS[variant] if variant else ""
+        if variant:
+            self.name = f"txrepl pg {variant}"
         self.src_server = src_server
         self.dst_server = dst_server
         self.conn: Any = None
@@ -471,6 +491,9 @@ class TxreplPg(Rig):
 
         with psycopg.connect(dst_dsn, autocommit=True) as dst:
             dst.execute(PG_SCHEMA)
+            for conn in (self.conn, dst):
+                if self.extra_ddl:
+                    conn.execute(self.extra_ddl)
         self.work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-pg-{run}-", dir=self.base))
         cfg = {
             "server_name": "pub1",
@@ -927,6 +950,8 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
             if why is None:
                 measure(tpg)
                 measure(TxreplPg(base, src_server, dst_server, plan_ahead=False))
+                for variant in VARIANTS:
+                    measure(TxreplPg(base, src_server, dst_server, variant=variant))
             else:
                 skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
     res.rows.extend(skipped)

@@ -73,6 +73,7 @@ from subscriber.apply.writer import (
     TruncateStep,
 )
 from subscriber.targets.held import Held
+from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._jdbc import JdbcStager
@@ -124,7 +125,7 @@ def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool
     return isinstance(exc, psycopg.OperationalError)
 
 
-class PostgresWriter(GroupWrites):
+class PostgresWriter(GroupWrites, PostgresOrderedTables):
     """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
 
     dialect = "postgresql"
@@ -218,7 +219,7 @@ class PostgresWriter(GroupWrites):
         where = self.dsn.rsplit("@", 1)[-1]
         cls = TransientError if _transient(exc, conn) else WriterError
         return cls(
-            f"PostgreSQL target {where} refused {what}: {type(exc).__name__}: {exc}",
+            f"PostgreSQL target {where} refused {what}: {refusal_text(exc)}",
             subscription=subscription,
             seq=seq,
         )

@@ -56,6 +56,7 @@ from subscriber.apply.writer import (
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
+from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
@@ -154,7 +155,7 @@ def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[objec
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
 
-class SqliteWriter(HeldWrites):
+class SqliteWriter(HeldWrites, SqliteOrderedTables):
     """Writes batches into one SQLite database file (thread-safe; one connection)."""
 
     dialect = "sqlite"
@@ -174,6 +175,8 @@ class SqliteWriter(HeldWrites):
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=FULL")
+            # Foreign keys are the source's business (the replica role: _order.py).
+            self._conn.execute("PRAGMA foreign_keys=OFF")
             self._conn.executescript(METADATA)
             cols = [r[1] for r in self._conn.execute("PRAGMA table_info(txrepl_errors)")]
             if "status" not in cols:  # made by an earlier build
@@ -427,10 +430,24 @@ class SqliteWriter(HeldWrites):
                 conflict = f"DO UPDATE SET {sets}"
             else:
                 conflict = "DO NOTHING"
-            self._conn.executemany(
-                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}",
-                _rows_of(cols),
+            upsert = (
+                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}"
             )
+            try:
+                self._conn.executemany(upsert, _rows_of(cols))
+            except sqlite3.IntegrityError as exc:  # name the row (a target-only constraint)
+                row = refused_row(
+                    self._conn,
+                    schema.table,
+                    upsert,
+                    _rows_of(cols),
+                    names,
+                    list(schema.primary_key),
+                )
+                raise WriterError(
+                    f"SQLite target {self.path} refused the batch: {exc} (table "
+                    f"{schema.table!r}, {row}): a constraint the source does not have?"
+                ) from exc
             written += step.upserts.num_rows
         return written
 
