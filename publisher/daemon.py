@@ -370,13 +370,16 @@ class Publisher:
         ]
 
     def _health(self) -> Reading:
-        """Capture per publication (common/health.py); the whole publisher with it."""
+        """Capture per publication (common/health.py): a publication whose capture
+        refused a row is not serving alone; a failing source takes the whole publisher."""
         cap = self.source.health if self.source is not None else None
         alive = self.capture_thread is None or self.capture_thread.is_alive()
         ok = alive and (cap is None or cap.serving)
         why = "" if ok else (cap.last_error if cap is not None and alive else "capture stopped")
-        names = [f"txrepl.capture.{n}" for n in sorted(self.publications)]
-        return ok, dict.fromkeys(names, ok), dict.fromkeys(["", *names], why)
+        names = {f"txrepl.capture.{n}": n for n in sorted(self.publications)}
+        comps = {c: ok and (cap is None or cap.serving_for(n)) for c, n in names.items()}
+        whys = {c: (cap.error_for(n) if ok and cap is not None else why) for c, n in names.items()}
+        return ok, comps, {"": why, **whys}
 
     def _live_feeds(self) -> set[tuple[str, str]]:
         """(publication, subscriber) of every open feed; read on the event loop."""

@@ -219,9 +219,9 @@ class AdminService(rpc.AdminServicer):
                 tables=pub.config.tables,
             )
             if cap is not None:
-                info.capture_failing = not cap.serving
+                info.capture_failing = not cap.serving_for(name)
                 info.capture_failures = cap.failures
-                info.capture_error = cap.last_error if not cap.serving else ""
+                info.capture_error = cap.error_for(name)
         return out
 
     async def ListSubscribers(

@@ -11,6 +11,10 @@ loop, so a failure concerns each publication of the source alike):
 
     serving ──FAILING_AFTER failures in a row──▶ failing ──ok──▶ serving
 
+A publication can also stop alone: its capture refused a row larger than
+``max_entry_bytes`` (the source's ``refused`` map, which health reads): that
+publication is not serving while the others go on (``serving_for``).
+
 One failure is not enough: a source briefly locked by a writer (SQLite) or a
 reconnect after a PostgreSQL restart is retried and passes; health would flap.
 Three in a row take 1.4 s (SQLite) to 2.8 s (PostgreSQL) of the sources'
@@ -21,6 +25,7 @@ the first stream started (PostgreSQL) turns it back.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 __all__ = ["FAILING_AFTER", "CaptureHealth"]
 
@@ -30,7 +35,8 @@ FAILING_AFTER = 3
 class CaptureHealth:
     """Counts of a source's capture failures; ``serving`` per the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, refused: Mapping[str, BaseException] | None = None) -> None:
+        self.refused: Mapping[str, BaseException] = {} if refused is None else refused
         self.failures = 0  # all failed attempts since start (a counter)
         self.in_a_row = 0  # failed attempts since the last good one
         self.last_error = ""  # of the latest failure, kept while failing
@@ -51,3 +57,13 @@ class CaptureHealth:
     @property
     def serving(self) -> bool:
         return self.in_a_row < FAILING_AFTER
+
+    def serving_for(self, publication: str) -> bool:
+        return self.serving and publication not in self.refused
+
+    def error_for(self, publication: str) -> str:
+        """Why ``publication``'s capture does not serve ("" while it does)."""
+        refused = self.refused.get(publication)
+        if refused is not None:
+            return str(refused).splitlines()[0][:500]
+        return "" if self.serving else self.last_error

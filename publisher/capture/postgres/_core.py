@@ -106,7 +106,7 @@ class CaptureCore:
         self._dirty = threading.Event()
         self._marks: list[Mark] = []  # wait_position requests, resolved by the session
         self._marks_lock = threading.Lock()
-        self.health = CaptureHealth()  # the streaming loop reports into it
+        self.health = CaptureHealth(self.refused)  # the streaming loop reports into it
         # statistics
         self.transactions = 0
         self.entries = 0
@@ -120,7 +120,9 @@ class CaptureCore:
     def _admin(self) -> psycopg.Connection[tuple[Any, ...]]:
         if self._admin_conn is None or self._admin_conn.closed or self._admin_conn.broken:
             try:
-                self._admin_conn = psycopg.connect(self.dsn, autocommit=True, options=SESSION_GUCS)
+                self._admin_conn = psycopg.connect(
+                    self.dsn, autocommit=True, options=SESSION_GUCS, connect_timeout=10
+                )  # bounded: a metrics scrape reads the slot lag through it
             except psycopg.OperationalError as e:
                 raise SourceError(f"cannot connect to the {self._where()}: {e}") from e
             self._catalog = Catalog(self._admin_conn, self._lock)

@@ -91,7 +91,7 @@ class SqliteSource:
         self.pubs: list[Publication] | None = None  # set when streaming starts
         self._streaming = threading.Event()
         self._entries = 0
-        self.health = CaptureHealth()  # the streaming loop reports into it
+        self.health = CaptureHealth(self.refused)  # the streaming loop reports into it
         self._unreleased = 0
         self._released_at = time.monotonic()
 

@@ -102,6 +102,8 @@ def test_a_row_over_the_limit_stops_its_publication_only(pg_db: str, tmp_path: P
         assert isinstance(refused, RowTooLarge)
         assert "'docs'" in str(refused)
         assert "(77)" in str(refused)
+        assert not cap.health.serving_for("p_docs")
+        assert cap.health.serving_for("p_notes")
         execute(pg_db, "INSERT INTO notes VALUES (3, 'three')")
         run.wait_heads({"p_notes": notes.log.head + 1})
     assert _ids(read_entries(notes)) == [1, 2, 3]

@@ -104,6 +104,10 @@ def test_a_row_over_the_limit_is_refused_by_name_and_other_publications_go_on(
     assert "'docs'" in str(refused)
     assert "id=77" in str(refused)
     assert "max_entry_bytes" in str(refused)
+    # Health tells: that publication's capture is not serving, the other one is.
+    assert not source.health.serving_for("p_docs")
+    assert "id=77" in source.health.error_for("p_docs")
+    assert source.health.serving_for("p_notes")
     assert _ids(read_entries(notes)) == list(range(1, 301))
     # Nothing of the docs group reaches a subscriber: an open group was aborted (P3),
     # and the position stays before it, so its rows stay in the source.
