@@ -433,10 +433,21 @@ class CaptureCore:
                 (schema.SerializeToString(), done, self.slot, pub, table),
             )
 
+    def _request_copy(self, pub: str, table: str) -> None:
+        """Make the table's next snapshot due, durably (a schema change: ``_evolve``)."""
+        conn = self._admin()
+        with self._lock:
+            conn.execute(
+                "UPDATE _txrepl.installs SET snapshot_lsn = NULL, done = false"
+                " WHERE slot = %s AND publication = %s AND tbl = %s",
+                (self.slot, pub, table),
+            )
+        log.info("schema change: table copy requested", publication=pub, table=table)
+
     def _begin_snapshot(self, state: dict[str, PubState]) -> PendingSnapshot | None:
         """A temporary slot with an exported snapshot for every incomplete table."""
         want = {
-            name: [t for t, tab in ps.tables.items() if not tab.complete]
+            name: [t for t, tab in ps.tables.items() if not tab.complete or tab.recopy]
             for name, ps in state.items()
         }
         want = {k: v for k, v in want.items() if v}

@@ -21,6 +21,7 @@ import structlog
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._evolve import needs_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
     UNCHANGED,
@@ -219,6 +220,10 @@ class Session:
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
         if tab.logged != shape.schema:
+            if tab.logged is not None and needs_copy(
+                tab.logged, shape.schema, lambda names: self.cap._cat().filled(tab.name, names)
+            ):
+                txn.recopy.append((ps.pub.name, tab.name.display))
             ops.append(pb.Op(schema=shape.schema))
             tab.logged = shape.schema
             txn.logged.append((ps.pub.name, shape.schema.table, shape.schema))
@@ -270,10 +275,14 @@ class Session:
                 continue
             txn = self.txn
             assert txn is not None
+            options = (1 if ev.cascade else 0) | (2 if ev.restart_identity else 0)
             for ps, _tab in self._targets(r.name.display):
                 # no schema op needed: the table's next row brings one if it changed
                 ops = txn.ops.setdefault(ps.pub.name, [])
-                ops.append(pb.Op(row=pb.RowChange(table=r.name.display, op=pb.ROW_OP_TRUNCATE)))
+                rc = pb.RowChange(
+                    table=r.name.display, op=pb.ROW_OP_TRUNCATE, truncate_options=options
+                )
+                ops.append(pb.Op(row=rc))
 
     def _commit(self, ev: Commit) -> None:
         txn = self.txn
@@ -290,11 +299,17 @@ class Session:
             self.touched.add(pubname)
             self.cap.entries += 1
         self.flusher.kick()
+        for pubname, table in txn.recopy:
+            # Before the new schema is saved and the slot confirmed: see _evolve.
+            self.cap._request_copy(pubname, table)
+            self.state[pubname].tables[table].recopy = True
         for pubname, table, schema in txn.logged:
             self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
             self.cap._save_logged(pubname, table, schema, done=False)
         self.cap.transactions += 1
         self.confirmable = max(self.confirmable, ev.end_lsn)
+        if txn.recopy and self.pending is None:
+            self.pending = self.cap._begin_snapshot(self.state)
 
     # -- snapshot crossing, feedback ------------------------------------------------
 
@@ -357,6 +372,7 @@ class Session:
         pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
         self.cap.entries += 1
         tab.complete = True
+        tab.recopy = False
         tab.logged = shape.schema
         self.touched.add(pub.name)
         self.cap._save_logged(pub.name, display, shape.schema, done=True)

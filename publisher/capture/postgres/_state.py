@@ -53,6 +53,7 @@ class TableState:
     snapshot_lsn: int | None
     complete: bool
     logged: pb.TableSchema | None  # the schema last logged in the publication
+    recopy: bool = False  # a copy of the table is wanted after a schema change (_evolve)
 
 
 @dataclass(slots=True)
@@ -74,6 +75,7 @@ class Txn:
     commit_time_us: int
     ops: dict[str, list[pb.Op]] = field(default_factory=dict)
     logged: list[tuple[str, str, pb.TableSchema]] = field(default_factory=list)
+    recopy: list[tuple[str, str]] = field(default_factory=list)  # (publication, table)
 
 
 @dataclass(slots=True)

@@ -301,6 +301,14 @@ class SqliteWriter:
             return 0
         if isinstance(step, TruncateStep):
             self._conn.execute(f"DELETE FROM {quote(step.table)}")
+            if (
+                step.restart_identity
+                and self._conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'"
+                ).fetchone()
+            ):
+                # RESTART IDENTITY: an AUTOINCREMENT table counts from 1 again
+                self._conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (step.table,))
             return 0
         if isinstance(step, SqlStep):
             self._conn.execute(step.sql)
