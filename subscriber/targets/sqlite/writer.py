@@ -54,6 +54,7 @@ from subscriber.apply.writer import (
 )
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
+from subscriber.targets.sqlite._truncate import empty_table
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
@@ -300,15 +301,7 @@ class SqliteWriter:
             self._schema(subscription, step.schema, step.target or step.schema, step.previous)
             return 0
         if isinstance(step, TruncateStep):
-            self._conn.execute(f"DELETE FROM {quote(step.table)}")
-            if (
-                step.restart_identity
-                and self._conn.execute(
-                    "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'"
-                ).fetchone()
-            ):
-                # RESTART IDENTITY: an AUTOINCREMENT table counts from 1 again
-                self._conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (step.table,))
+            empty_table(self._conn, step)
             return 0
         if isinstance(step, SqlStep):
             self._conn.execute(step.sql)

@@ -175,3 +175,35 @@ def test_alter_table_while_the_publisher_is_down(tmp_path: Path, pg_server: Any,
     finally:
         pair.stop()
         src.close()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_subscriber_killed_during_the_schema_change_batch(
+    tmp_path: Path, pg_server: Any, kind: str
+) -> None:
+    """kill -9 of the subscriber while it applies the schema changes and the table's
+    copy (one batch): restarted, it ends equal to the source."""
+    src_dsn = pg_server.create_database()
+    target_url, target = _target(kind, tmp_path, pg_server.create_database())
+    src = psycopg.connect(src_dsn, autocommit=True)
+    src.execute(SCHEMA)
+    src.execute("INSERT INTO items SELECT g, 'n', 'c', g FROM generate_series(100, 30000) g")
+    pair = _pair(tmp_path, src_dsn, target_url)
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        _wait_equal(src, target, pair)
+        assert pair.sub is not None
+        pair.sub.stop()
+        before = pair.head()
+        _migrations(src)
+        # six row changes, and four copies of at least one entry each
+        wait_until(lambda: pair.head() >= before + 10, 60, "the changes to be logged")
+        sub = pair.start_subscriber()
+        wait_until(lambda: pair.status().state != "connecting", 60, "the subscriber to start")
+        sub.kill()
+        pair.start_subscriber()
+        _wait_equal(src, target, pair)
+    finally:
+        pair.stop()
+        src.close()
