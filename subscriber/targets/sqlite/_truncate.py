@@ -54,7 +54,8 @@ def empty_table(conn: sqlite3.Connection, step: TruncateStep) -> None:
     tables = [step.table, *(_referencing(conn, step.table) if step.cascade else [])]
     for t in tables:
         conn.execute(f"DELETE FROM {_quote(t)}")
-    if step.restart_identity and conn.execute(
-        "SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'"
-    ).fetchone():
+    if (
+        step.restart_identity
+        and conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'").fetchone()
+    ):
         conn.execute("DELETE FROM sqlite_sequence WHERE name = ?", (step.table,))
