@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._core import CaptureCore, StaleSnapshot
 from publisher.capture.postgres._evolve import needs_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
@@ -337,7 +337,11 @@ class Session:
             ps = self.state[pubname]
             for i, t in enumerate(tables):
                 last_table = i == len(tables) - 1
-                self._log_snapshot(ps, ps.tables[t], pending, last_table)
+                try:
+                    self._log_snapshot(ps, ps.tables[t], pending, last_table)
+                except StaleSnapshot as e:
+                    # nothing of it was appended; the next snapshot takes it again
+                    log.info("table snapshot retaken", table=t, why=str(e))
         pending.conn.close()
         self.pending = None
         log.info("snapshots logged", lsn=format_lsn(pending.lsn), tables=pending.tables)
