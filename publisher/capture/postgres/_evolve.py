@@ -37,6 +37,10 @@ the ALTER, so a publisher restart in between takes the copy when it starts; the
 table's changes between that restart and its ``C`` are then left out, as during an
 install, since the copy carries them.
 
+A copy read under a snapshot older than a later rewrite of the table would read it
+as empty (rewrites are not MVCC-safe): ``_core._read_snapshot`` refuses it
+(``StaleSnapshot``) and the session takes a new snapshot of the table.
+
 Not seen: a DDL with no later row change of the table is noticed only at the
 table's next change (PostgreSQL sends a relation message before a change, never on
 DDL itself); an event trigger would see it at once but needs a superuser.
