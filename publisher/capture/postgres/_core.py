@@ -11,7 +11,6 @@ argument is in the package docstring (publisher/capture/postgres/__init__.py).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -36,6 +35,7 @@ from publisher.capture.postgres._pgcatalog import (
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
 from publisher.capture.postgres._pgwal2json import LOSSY_TYPES
+from publisher.capture.postgres._stale import check_fresh
 from publisher.capture.postgres._state import (
     Mark,
     PendingSnapshot,
@@ -49,7 +49,7 @@ from publisher.capture.postgres._state import (
 from publisher.errors import SourceError, TableRefused
 from publisher.publication import Publication
 
-__all__ = ["CaptureCore", "Plugin", "StaleSnapshot"]
+__all__ = ["CaptureCore", "Plugin"]
 
 log = structlog.get_logger(__name__)
 
@@ -62,16 +62,6 @@ CREATE TABLE IF NOT EXISTS _txrepl.installs(
     incarnation text NOT NULL, snapshot_lsn numeric(20), done boolean NOT NULL DEFAULT false,
     schema bytea, PRIMARY KEY (slot, publication, tbl));
 """
-
-
-class StaleSnapshot(SourceError):
-    """The table was rewritten or altered after the exported snapshot was taken.
-
-    PostgreSQL's table rewrites (``ALTER ... TYPE``, a volatile default, TRUNCATE)
-    are not MVCC-safe: under an older snapshot the table reads as EMPTY, and its
-    columns are parsed with the current catalog.  Such a copy is never logged; the
-    session takes a new snapshot for the table instead.
-    """
 
 
 class CaptureCore:
@@ -444,17 +434,6 @@ class CaptureCore:
                 (schema.SerializeToString(), done, self.slot, pub, table),
             )
 
-    def _request_copy(self, pub: str, table: str) -> None:
-        """Make the table's next snapshot due, durably (a schema change: ``_evolve``)."""
-        conn = self._admin()
-        with self._lock:
-            conn.execute(
-                "UPDATE _txrepl.installs SET snapshot_lsn = NULL, done = false"
-                " WHERE slot = %s AND publication = %s AND tbl = %s",
-                (self.slot, pub, table),
-            )
-        log.info("schema change: table copy requested", publication=pub, table=table)
-
     def _begin_snapshot(self, state: dict[str, PubState]) -> PendingSnapshot | None:
         """A temporary slot with an exported snapshot for every incomplete table."""
         want = {
@@ -567,26 +546,13 @@ class CaptureCore:
                 sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(pending.snapshot))
             )
             shape, relcols = self.snapshot_shape(conn, table)
-            # pg_class as of the snapshot, against the relation cache (the latest)
-            files = conn.execute(
-                "SELECT relfilenode, pg_relation_filenode(oid) FROM pg_class"
-                " WHERE oid = to_regclass(%s)",
-                (table.sql,),
-            ).fetchone()
-            if files is None or files[0] != files[1]:
-                raise StaleSnapshot(f"table {table.display!r} was rewritten after the snapshot")
+            check_fresh(conn, table)  # a rewrite since the snapshot reads as empty
             select_list = ", ".join(qident(c.name) for c in relcols)
             chunk: list[tuple[str | None, ...]] = []
-            with contextlib.ExitStack() as stack:
-                cur = stack.enter_context(conn.cursor())
-                try:  # the COPY's columns are looked up in the current catalog
-                    cp = stack.enter_context(
-                        cur.copy(f"COPY (SELECT {select_list} FROM ONLY {table.sql}) TO STDOUT")
-                    )
-                except (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable) as e:
-                    raise StaleSnapshot(
-                        f"table {table.display!r} changed after the snapshot"
-                    ) from e
+            with (
+                conn.cursor() as cur,
+                cur.copy(f"COPY (SELECT {select_list} FROM ONLY {table.sql}) TO STDOUT") as cp,
+            ):
                 yield shape, []
                 for row in cp.rows():
                     chunk.append(row)

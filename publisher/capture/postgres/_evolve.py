@@ -38,7 +38,7 @@ table's changes between that restart and its ``C`` are then left out, as during 
 install, since the copy carries them.
 
 A copy read under a snapshot older than a later rewrite of the table would read it
-as empty (rewrites are not MVCC-safe): ``_core._read_snapshot`` refuses it
+as empty (rewrites are not MVCC-safe): ``_stale.check_fresh`` refuses it
 (``StaleSnapshot``) and the session takes a new snapshot of the table.
 
 Not seen: a DDL with no later row change of the table is noticed only at the
@@ -50,9 +50,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 
-from common.rpc import txrepl_pb2 as pb
+import structlog
 
-__all__ = ["needs_copy"]
+from common.rpc import txrepl_pb2 as pb
+from publisher.capture.postgres._core import CaptureCore
+
+__all__ = ["needs_copy", "request_copy"]
+
+log = structlog.get_logger(__name__)
 
 
 def _type(c: pb.Column) -> tuple[object, ...]:
@@ -79,3 +84,15 @@ def needs_copy(
     if any(n not in after for n in before):
         return True  # maybe a rename: the new name's values are the old one's
     return bool(filled(added))
+
+
+def request_copy(cap: CaptureCore, pub: str, table: str) -> None:
+    """Make the table's next snapshot due, durably: before the slot moves past the change."""
+    conn = cap._admin()
+    with cap._lock:
+        conn.execute(
+            "UPDATE _txrepl.installs SET snapshot_lsn = NULL, done = false"
+            " WHERE slot = %s AND publication = %s AND tbl = %s",
+            (cap.slot, pub, table),
+        )
+    log.info("schema change: table copy requested", publication=pub, table=table)

@@ -20,8 +20,8 @@ from typing import Any
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.postgres._core import CaptureCore, StaleSnapshot
-from publisher.capture.postgres._evolve import needs_copy
+from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
     UNCHANGED,
@@ -38,6 +38,7 @@ from publisher.capture.postgres._pgoutput import (
 )
 from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from publisher.capture.postgres._stale import STALE_ERRORS, StaleSnapshot
 from publisher.capture.postgres._state import (
     PendingSnapshot,
     PubState,
@@ -301,7 +302,7 @@ class Session:
         self.flusher.kick()
         for pubname, table in txn.recopy:
             # Before the new schema is saved and the slot confirmed: see _evolve.
-            self.cap._request_copy(pubname, table)
+            request_copy(self.cap, pubname, table)
             self.state[pubname].tables[table].recopy = True
         for pubname, table, schema in txn.logged:
             self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
@@ -358,7 +359,10 @@ class Session:
         rows = 0
         chunks = self.cap._read_snapshot(pending, tab.name, self._keepalive)
         with contextlib.closing(chunks) as it:
-            shape, _ = next(it)
+            try:
+                shape, _ = next(it)
+            except STALE_ERRORS as e:
+                raise StaleSnapshot(f"table {display!r} changed after the snapshot") from e
             entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
             entry.ops.append(pb.Op(schema=shape.schema))
             entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
