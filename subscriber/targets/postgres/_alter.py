@@ -44,9 +44,10 @@ def follow_schema(
     target: pb.TableSchema,
     previous: pb.TableSchema | None,
     shaped: bool,
+    table: sql.Composable,
 ) -> None:
-    """Alter the existing table ``target.table`` to ``target`` (see the module doc)."""
-    table = Q(target.table)
+    """Alter the existing table ``target.table`` (``table``: its SQL name) to ``target``
+    (see the module doc)."""
     have = table_types(cur, target.table)
     for c in target.columns:
         if c.name not in have:
@@ -63,9 +64,9 @@ def follow_schema(
             continue
         new = now.get(old.name)
         if new is None:
-            _drop(cur, target.table, old.name)
+            _drop(cur, table, target.table, old.name)
         elif pg_type(new) != pg_type(old) and have[old.name] == _spelled(pg_type(old)):
-            _retype(cur, target.table, old.name, pg_type(new))
+            _retype(cur, table, target.table, old.name, pg_type(new))
 
 
 # pg_type()'s spellings that format_type (the target's catalog) spells otherwise
@@ -80,10 +81,10 @@ def _spelled(type_sql: str) -> str:
     return _FORMAT_TYPE.get(type_sql, type_sql)
 
 
-def _drop(cur: psycopg.Cursor[Any], table: str, column: str) -> None:
+def _drop(cur: psycopg.Cursor[Any], quoted: sql.Composable, table: str, column: str) -> None:
     try:
         with cur.connection.transaction():
-            cur.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(Q(table), Q(column)))
+            cur.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(quoted, Q(column)))
     except psycopg.errors.DependentObjectsStillExist as exc:
         raise WriterError(
             f"the source dropped column {column!r} of table {table!r} but the PostgreSQL "
@@ -92,13 +93,15 @@ def _drop(cur: psycopg.Cursor[Any], table: str, column: str) -> None:
         ) from exc
 
 
-def _retype(cur: psycopg.Cursor[Any], table: str, column: str, new_type: str) -> None:
+def _retype(
+    cur: psycopg.Cursor[Any], quoted: sql.Composable, table: str, column: str, new_type: str
+) -> None:
     alter = sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE {} USING {}")
     try:
         with cur.connection.transaction():
             cur.execute(
                 alter.format(
-                    Q(table), Q(column), sql.SQL(new_type),
+                    quoted, Q(column), sql.SQL(new_type),
                     sql.SQL("{}::{}").format(Q(column), sql.SQL(new_type)),
                 )
             )  # fmt: skip
@@ -107,7 +110,7 @@ def _retype(cur: psycopg.Cursor[Any], table: str, column: str, new_type: str) ->
         pass  # the target's values do not cast; the copy brings the source's
     try:
         with cur.connection.transaction():
-            cur.execute(alter.format(Q(table), Q(column), sql.SQL(new_type), sql.SQL("NULL")))
+            cur.execute(alter.format(quoted, Q(column), sql.SQL(new_type), sql.SQL("NULL")))
     except psycopg.errors.NotNullViolation as exc:
         raise WriterError(
             f"the source changed the type of column {column!r} of table {table!r} to "

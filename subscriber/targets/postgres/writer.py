@@ -395,7 +395,8 @@ class PostgresWriter:
                 sql.SQL("CREATE TABLE {} ({})").format(Q(target.table), sql.SQL(", ").join(cols))
             )
         else:
-            follow_schema(cur, target, step.previous, shaped=step.target is not None)
+            shaped = step.target is not None
+            follow_schema(cur, target, step.previous, shaped, Q(target.table))
         self._types.pop(target.table, None)
         METADATA_SQL.record_schema(cur, subscription, step.schema)
 
