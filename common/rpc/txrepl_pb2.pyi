@@ -398,8 +398,13 @@ class RowChange(_message.Message):
     OP_FIELD_NUMBER: _builtins.int
     KEY_FIELD_NUMBER: _builtins.int
     ROW_FIELD_NUMBER: _builtins.int
+    TRUNCATE_OPTIONS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     op: Global___RowOp.ValueType
+    truncate_options: _builtins.int
+    """TRUNCATE only, the source's options as pgoutput's Truncate message gives them:
+    1 CASCADE, 2 RESTART IDENTITY (0: neither, or not known).
+    """
     @_builtins.property
     def key(self) -> _containers.RepeatedCompositeFieldContainer[Global___Value]: ...
     @_builtins.property
@@ -411,10 +416,11 @@ class RowChange(_message.Message):
         op: Global___RowOp.ValueType = ...,
         key: _abc.Iterable[Global___Value] | None = ...,
         row: _abc.Iterable[Global___Value] | None = ...,
+        truncate_options: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "op", b"op", "row", b"row", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "op", b"op", "row", b"row", "table", b"table", "truncate_options", b"truncate_options"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

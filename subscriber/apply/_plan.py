@@ -146,7 +146,7 @@ class Planning:
                 if kind == "row":
                     change = op.row
                     if change.op == _TRUNCATE:
-                        self._truncate(plan, change.table, seq, schemas)
+                        self._truncate(plan, change.table, seq, schemas, change.truncate_options)
                     else:
                         pos = self._row(plan.segment, schemas, change, seq, pos)
                     rows += 1
@@ -191,13 +191,19 @@ class Planning:
         return self._events(buf, seq, pos, change)
 
     def _truncate(
-        self, plan: _Plan, table: str, seq: int, schemas: dict[str, pb.TableSchema]
+        self,
+        plan: _Plan,
+        table: str,
+        seq: int,
+        schemas: dict[str, pb.TableSchema],
+        options: int = 0,  # RowChange.truncate_options (the numpy walk declines them)
     ) -> None:
         if table not in schemas:
             raise self._unknown(table, seq)
         plan.flush()
         opts = self.options.tables.get(table)
-        plan.steps.append(TruncateStep((opts and opts.target) or table))
+        target = (opts and opts.target) or table
+        plan.steps.append(TruncateStep(target, bool(options & 1), bool(options & 2)))
 
     def _barrier(
         self, plan: _Plan, kind: str, payload: bytes, seq: int, schemas: dict[str, pb.TableSchema]

@@ -43,6 +43,7 @@ def _shadow_classes() -> tuple[Any, Any]:
     row.field.add(name="op", number=2, type=F.TYPE_INT32, label=F.LABEL_OPTIONAL)
     row.field.add(name="key", number=3, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
     row.field.add(name="row", number=4, type=F.TYPE_BYTES, label=F.LABEL_REPEATED)
+    row.field.add(name="truncate_options", number=5, type=F.TYPE_UINT32)
     op = f.message_type.add(name="SOp")
     op.oneof_decl.add(name="kind")
     op.field.add(

@@ -104,7 +104,11 @@ class SchemaStep:
 
 @dataclass(frozen=True)
 class TruncateStep:
+    """Empty the table; ``cascade``/``restart_identity``: the source's TRUNCATE options."""
+
     table: str
+    cascade: bool = False
+    restart_identity: bool = False
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,9 @@ and table: the log incarnation, the LSN of the table's snapshot, the schema last
   schema last logged for a publication, a schema op precedes the row that needs it in
   that publication's entry.  The schema last logged is saved to ``_txrepl.installs``
   after the append (a crash in between only repeats an identical schema op).
+  A change whose existing rows have values no row change carries (ADD COLUMN with a
+  default, RENAME, a type change) also asks for a copy of the table, logged like an
+  install snapshot at its consistent point (``_evolve.py``).
 
 * On-demand snapshots (``txrepl subscriber reinit``, publisher/snapshot.py).
   ``PostgresCapture.export_snapshot`` creates a temporary slot with an exported

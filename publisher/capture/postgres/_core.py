@@ -42,6 +42,7 @@ from publisher.capture.postgres._pgcatalog import (
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
 from publisher.capture.postgres._pgwal2json import LOSSY_TYPES
+from publisher.capture.postgres._stale import check_fresh
 from publisher.capture.postgres._state import (
     Mark,
     PendingSnapshot,
@@ -466,7 +467,7 @@ class CaptureCore:
     def _begin_snapshot(self, state: dict[str, PubState]) -> PendingSnapshot | None:
         """A temporary slot with an exported snapshot for every incomplete table."""
         want = {
-            name: [t for t, tab in ps.tables.items() if not tab.complete]
+            name: [t for t, tab in ps.tables.items() if not tab.complete or tab.recopy]
             for name, ps in state.items()
         }
         want = {k: v for k, v in want.items() if v}
@@ -575,6 +576,7 @@ class CaptureCore:
                 sql.SQL("SET TRANSACTION SNAPSHOT {}").format(sql.Literal(pending.snapshot))
             )
             shape, relcols = self.snapshot_shape(conn, table)
+            check_fresh(conn, table)  # a rewrite since the snapshot reads as empty
             select_list = ", ".join(qident(c.name) for c in relcols)
             chunk: list[tuple[str | None, ...]] = []
             with (

@@ -10,7 +10,7 @@ NULL changed after the decoded change and before it is decoded shows up early.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -193,6 +193,17 @@ class Catalog:
                 )
             }
         return pk, notnull
+
+    def filled(self, table: TableName, names: Collection[str]) -> set[str]:
+        """Those of columns ``names`` that have a default or a missing value (rows that
+        existed when the column was added take it without a row change)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass(%s)"
+                " AND attname = ANY(%s) AND NOT attisdropped AND (atthasdef OR atthasmissing)",
+                (table.sql, list(names)),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     def shape(
         self,

@@ -34,6 +34,7 @@ import structlog
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
     UNCHANGED,
@@ -50,6 +51,7 @@ from publisher.capture.postgres._pgoutput import (
 )
 from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from publisher.capture.postgres._stale import STALE_ERRORS, StaleSnapshot
 from publisher.capture.postgres._state import (
     PendingSnapshot,
     PubState,
@@ -239,6 +241,10 @@ class Session:
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
         if tab.logged != shape.schema:
+            if tab.logged is not None and needs_copy(
+                tab.logged, shape.schema, lambda names: self.cap._cat().filled(tab.name, names)
+            ):
+                txn.recopy.append((ps.pub.name, tab.name.display))
             ops.append(pb.Op(schema=shape.schema))
             txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
             tab.logged = shape.schema
@@ -329,10 +335,14 @@ class Session:
                 continue
             txn = self.txn
             assert txn is not None
+            options = (1 if ev.cascade else 0) | (2 if ev.restart_identity else 0)
             for ps, _tab in self._targets(r.name.display):
                 # no schema op needed: the table's next row brings one if it changed
                 ops = txn.ops.setdefault(ps.pub.name, [])
-                ops.append(pb.Op(row=pb.RowChange(table=r.name.display, op=pb.ROW_OP_TRUNCATE)))
+                rc = pb.RowChange(
+                    table=r.name.display, op=pb.ROW_OP_TRUNCATE, truncate_options=options
+                )
+                ops.append(pb.Op(row=rc))
 
     def _commit(self, ev: Commit) -> None:
         txn = self.txn
@@ -355,11 +365,17 @@ class Session:
         for group in txn.groups.values():
             self.cap.entries += group.finish(ev.commit_lsn)
         self.flusher.kick()
+        for pubname, table in txn.recopy:
+            # Before the new schema is saved and the slot confirmed: see _evolve.
+            request_copy(self.cap, pubname, table)
+            self.state[pubname].tables[table].recopy = True
         for pubname, table, schema in txn.logged:
             self.state[pubname].pub.log.flush()  # the schema op is durable before it is saved
             self.cap._save_logged(pubname, table, schema, done=False)
         self.cap.transactions += 1
         self.confirmable = max(self.confirmable, ev.end_lsn)
+        if txn.recopy and self.pending is None:
+            self.pending = self.cap._begin_snapshot(self.state)
 
     # -- snapshot crossing, feedback ------------------------------------------------
 
@@ -387,7 +403,11 @@ class Session:
             ps = self.state[pubname]
             for i, t in enumerate(tables):
                 last_table = i == len(tables) - 1
-                self._log_snapshot(ps, ps.tables[t], pending, last_table)
+                try:
+                    self._log_snapshot(ps, ps.tables[t], pending, last_table)
+                except StaleSnapshot as e:
+                    # nothing of it was appended; the next snapshot takes it again
+                    log.info("table snapshot retaken", table=t, why=str(e))
         pending.conn.close()
         self.pending = None
         log.info("snapshots logged", lsn=format_lsn(pending.lsn), tables=pending.tables)
@@ -404,7 +424,10 @@ class Session:
         rows = 0
         chunks = self.cap._read_snapshot(pending, tab.name, self._keepalive)
         with contextlib.closing(chunks) as it:
-            shape, _ = next(it)
+            try:
+                shape, _ = next(it)
+            except STALE_ERRORS as e:
+                raise StaleSnapshot(f"table {display!r} changed after the snapshot") from e
             entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
             entry.ops.append(pb.Op(schema=shape.schema))
             entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
@@ -422,6 +445,7 @@ class Session:
         pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
         self.cap.entries += 1
         tab.complete = True
+        tab.recopy = False
         tab.logged = shape.schema
         self.touched.add(pub.name)
         self.cap._save_logged(pub.name, display, shape.schema, done=True)

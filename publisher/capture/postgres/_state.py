@@ -54,6 +54,7 @@ class TableState:
     snapshot_lsn: int | None
     complete: bool
     logged: pb.TableSchema | None  # the schema last logged in the publication
+    recopy: bool = False  # a copy of the table is wanted after a schema change (_evolve)
 
 
 @dataclass(slots=True)
@@ -79,6 +80,7 @@ class Txn:
     # (a transaction over max_entry_bytes: publisher/capture/groups.py).
     sizes: dict[str, int] = field(default_factory=dict)
     groups: dict[str, GroupWriter] = field(default_factory=dict)
+    recopy: list[tuple[str, str]] = field(default_factory=list)  # (publication, table)
 
 
 @dataclass(slots=True)

@@ -8,14 +8,14 @@ A batch's transaction::
     INSERT level row if missing; SELECT ... FOR UPDATE   -- the level lock: a second
                                                          -- applier waits, then fails
     per step, in order:
-      schema    CREATE TABLE / ALTER TABLE ADD COLUMN; upsert txrepl_schemas
+      schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py); upsert txrepl_schemas
       rows      COPY stage FROM STDIN (FORMAT csv)
                 DELETE FROM t USING stage ...
                 SAVEPOINT; COPY t FROM STDIN; RELEASE   -- the fresh rows (RowsStep.fresh);
                                                          -- on a unique violation: ROLLBACK TO
                                                          -- it, and they join the upserts
                 COPY stage FROM STDIN; INSERT INTO t SELECT ... ON CONFLICT DO UPDATE
-      truncate  TRUNCATE t
+      truncate  TRUNCATE t, or DELETE FROM t (_truncate.py)
       sql       the statement
       call      CALL name(args)
     setval: sequences up to the rows written (``_sequences.py``); UPDATE the level row
@@ -73,6 +73,7 @@ from subscriber.apply.writer import (
     TruncateStep,
 )
 from subscriber.targets.held import Held
+from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
@@ -325,7 +326,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
             self._schema(cur, subscription, step)
             return 0
         if isinstance(step, TruncateStep):
-            empty_table(cur, step.table, T(step.table))
+            empty_table(cur, step, T(step.table))
             return 0
         if isinstance(step, SqlStep):
             self._types.clear()  # it may have changed any table
@@ -369,15 +370,8 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
                 sql.SQL("CREATE TABLE {} ({})").format(T(target.table), sql.SQL(", ").join(cols))
             )
         else:
-            have = set(existing)
-            for c in target.columns:
-                if c.name not in have:
-                    # Added columns are nullable, as on every target (rows fill them).
-                    cur.execute(
-                        sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                            T(target.table), Q(c.name), sql.SQL(pg_type(c))
-                        )
-                    )
+            shaped = step.target is not None
+            follow_schema(cur, target, step.previous, shaped, T(target.table))
         self._types.pop(target.table, None)
         METADATA_SQL.record_schema(cur, subscription, step.schema)
 

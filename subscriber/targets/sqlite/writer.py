@@ -57,6 +57,7 @@ from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
+from subscriber.targets.sqlite._truncate import empty_table
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
 __all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
@@ -333,7 +334,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
             self._schema(subscription, step.schema, step.target or step.schema, step.previous)
             return 0
         if isinstance(step, TruncateStep):
-            self._conn.execute(f"DELETE FROM {quote_table(step.table)}")
+            empty_table(self._conn, step)
             return 0
         if isinstance(step, SqlStep):
             self._conn.execute(step.sql)
