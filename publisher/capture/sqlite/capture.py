@@ -56,7 +56,8 @@ from pathlib import Path
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode, parse_declared_type
+from common.values import encode, parse_declared_type, sqlite_text_factory
+from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
     build_triggers,
@@ -67,7 +68,7 @@ from publisher.capture.sqlite.shapes import (
 )
 from publisher.errors import SourceError
 
-__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
+__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident", "wire_type"]
 
 log = structlog.get_logger(__name__)
 
@@ -92,6 +93,8 @@ def parse_sql_literal(text: str) -> object:
         return text[1:-1].replace("''", "'")
     if first in "Xx" and text[1:2] == "'":
         return bytes.fromhex(text[2:-1])
+    if first == "t":  # TEXT holding a NUL, as its bytes (shapes.literal)
+        return sqlite_text_factory(bytes.fromhex(text[3:-1]))
     if any(c in text for c in ".eE") or text in ("Inf", "-Inf"):
         return float(text)
     return int(text)
@@ -118,6 +121,7 @@ class SqliteCapture:
         self._conn = sqlite3.connect(
             str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
         )
+        self._conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
         self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         self._conn.executescript(_SETUP)
         if "gen" not in {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}:
@@ -139,7 +143,7 @@ class SqliteCapture:
         rows = (conn or self._conn).execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
         if not rows:
             raise SourceError(f"table {table!r} does not exist in the SQLite source {self.path}")
-        schema = pb.TableSchema(table=table)
+        schema = pb.TableSchema(table=table, source_dialect="sqlite")
         pk: list[tuple[int, str]] = []
         for _cid, name, decl, notnull, _default, pkpos, hidden in rows:
             if hidden:  # generated columns are computed again on the target
@@ -152,6 +156,7 @@ class SqliteCapture:
                 scale=scale,
                 nullable=not notnull and not pkpos,
                 source_type=decl or "",
+                pg_type=sqlite_pg_type(ctype, prec, scale),
             )
             if pkpos:
                 pk.append((pkpos, name))
@@ -446,6 +451,30 @@ _OPS = {
 }
 
 
+# Logical types whose declared types have NUMERIC affinity: SQLite keeps integers,
+# reals and text in such columns as written, so their values travel as they are stored
+# (a coercion to the logical type would lose the storage class: 5 and '5', 'true' and 1,
+# '2024-01-01 10:00' and its ISO form).  The target maps them (docs/types.md).
+_AS_STORED = frozenset(
+    {
+        pb.COLUMN_TYPE_DECIMAL,
+        pb.COLUMN_TYPE_BOOLEAN,
+        pb.COLUMN_TYPE_DATE,
+        pb.COLUMN_TYPE_TIME,
+        pb.COLUMN_TYPE_TIMESTAMP,
+        pb.COLUMN_TYPE_TIMESTAMPTZ,
+    }
+)
+
+
+def wire_type(column: pb.Column) -> tuple[int, int]:
+    """The (type, scale) a SQLite column's values are encoded with: its logical type,
+    or none (the value's own storage class) for NUMERIC affinity (``_AS_STORED``)."""
+    if column.type in _AS_STORED:
+        return pb.COLUMN_TYPE_UNSPECIFIED, 0
+    return int(column.type), column.scale
+
+
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """One generation's schema and the (type, scale) of its values and key."""
@@ -456,9 +485,9 @@ class _Shape:
 
     @classmethod
     def of(cls, schema: pb.TableSchema) -> _Shape:
-        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
+        by_name = {c.name: wire_type(c) for c in schema.columns}
         return cls(
             schema,
-            [(int(c.type), c.scale) for c in schema.columns],
+            [wire_type(c) for c in schema.columns],
             [by_name[k] for k in schema.primary_key],
         )

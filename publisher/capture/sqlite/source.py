@@ -36,8 +36,9 @@ import structlog
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
+from common.values import sqlite_text_factory
 from publisher.capture.source import Snapshot, SourceOptions
-from publisher.capture.sqlite.capture import SqliteCapture, qident
+from publisher.capture.sqlite.capture import SqliteCapture, qident, wire_type
 from publisher.capture.values import rows_chunk, value_writer
 from publisher.publication import Publication
 
@@ -156,11 +157,12 @@ class SqliteSource:
         conn = sqlite3.connect(
             str(self.capture.path), isolation_level=None, timeout=30, check_same_thread=False
         )
+        conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
         try:
             seq, schemas, counts = self._pin(conn, pub, timeout_s)
 
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
-                writers = [value_writer(c.type, c.scale) for c in schema.columns]
+                writers = [value_writer(*wire_type(c)) for c in schema.columns]
                 cols = ", ".join(qident(c.name) for c in schema.columns)
                 cur = conn.execute(f"SELECT {cols} FROM {qident(schema.table)}")
                 while True:

@@ -25,6 +25,7 @@ from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.errors import SchemaError
 from subscriber.apply.writer import column_of
 
 __all__ = ["csv_bytes", "pg_column", "pg_type", "table_types"]
@@ -47,9 +48,11 @@ _PG_TYPES: dict[int, str] = {
 _WRITE = pcsv.WriteOptions(include_header=False)
 
 
-def pg_type(column: pb.Column) -> str:
-    """The PostgreSQL type of a column: the source's own when it says (``pg_type``, from a
-    PostgreSQL source), else that of its logical type (unspecified: text).
+def pg_type(column: pb.Column, schema: pb.TableSchema) -> str:
+    """The PostgreSQL type of a column of ``schema``: the source's own when it says
+    (``pg_type``: a PostgreSQL source's type, a SQLite source's mapped one), else that of
+    its logical type (unspecified: text).  A SQLite column with no PostgreSQL type (no
+    declared type) is refused, naming table, column and type (docs/types.md).
 
     Tables, COPY stages and JDBC stages all take it, so staged text (uuid, inet,
     interval, arrays, ...) is parsed by the column's real input function and the merge
@@ -57,6 +60,14 @@ def pg_type(column: pb.Column) -> str:
     """
     if column.pg_type:
         return column.pg_type
+    if schema.source_dialect == "sqlite" and column.type == T.COLUMN_TYPE_UNSPECIFIED:
+        declared = column.source_type or "none"
+        raise SchemaError(
+            f"table {schema.table!r}, column {column.name!r}: the SQLite type {declared!r} "
+            "(any storage class in any row) has no PostgreSQL type; declare the column's "
+            "type on the source, or leave the table out of the publication (docs/types.md)",
+            table=schema.table,
+        )
     if column.type == T.COLUMN_TYPE_DECIMAL:
         if column.precision:
             return f"numeric({column.precision},{column.scale})"

@@ -380,7 +380,7 @@ class PostgresWriter:
             cols = [
                 sql.SQL("{} {}{}").format(
                     Q(c.name),
-                    sql.SQL(pg_type(c)),
+                    sql.SQL(pg_type(c, target)),
                     sql.SQL("" if c.nullable or c.name in target.primary_key else " NOT NULL"),
                 )
                 for c in target.columns
@@ -400,7 +400,7 @@ class PostgresWriter:
                     # Added columns are nullable, as on every target (rows fill them).
                     cur.execute(
                         sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                            Q(target.table), Q(c.name), sql.SQL(pg_type(c))
+                            Q(target.table), Q(c.name), sql.SQL(pg_type(c, target))
                         )
                     )
         self._types.pop(target.table, None)
@@ -411,7 +411,7 @@ class PostgresWriter:
         have = self._types.get(schema.table)
         if have is None:
             have = self._types[schema.table] = table_types(cur, schema.table)
-        return [have.get(c.name) or pg_type(c) for c in schema.columns]
+        return [have.get(c.name) or pg_type(c, schema) for c in schema.columns]
 
     def _stage(
         self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int]

@@ -32,7 +32,13 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.session import arrow_frame
 from subscriber.reinit.errors import SnapshotError
-from subscriber.targets.sqlite.writer import METADATA_SQL, SqliteWriter, quote, sqlite_value
+from subscriber.targets.sqlite.writer import (
+    METADATA_SQL,
+    SqliteWriter,
+    declared,
+    quote,
+    sqlite_value,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -42,19 +48,11 @@ __all__ = ["SHADOW_PREFIX", "SqliteSnapshotLoader"]
 SHADOW_PREFIX = "txrepl_shadow__"
 FLUSH_ROWS = 50_000
 
-# Declared SQLite types per logical type: the same affinities the apply writer uses.
-_DECLARED = {
-    pb.COLUMN_TYPE_INTEGER: "INTEGER",
-    pb.COLUMN_TYPE_FLOAT: "REAL",
-    pb.COLUMN_TYPE_BYTES: "BLOB",
-    pb.COLUMN_TYPE_BOOLEAN: "INTEGER",
-}
-
 
 def _ddl(name: str, schema: pb.TableSchema) -> str:
     cols = []
     for c in schema.columns:
-        decl = _DECLARED.get(c.type, "TEXT" if c.type else "")
+        decl = declared(c, schema)  # the same affinities the apply writer uses
         null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
         cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
     pk = ", ".join(quote(k) for k in schema.primary_key)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import decimal
 import sqlite3
 from pathlib import Path
 
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import decode
+from common.values import RawText, decode
 from publisher.capture.sqlite import SqliteCapture, parse_sql_literal
 from publisher.errors import SourceError
 
@@ -48,7 +47,8 @@ def test_parse_sql_literal_round_trips_quote(tmp_path: Path) -> None:
 
 
 def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -> None:
-    """Existing rows come first (after the schema), then later changes, all exact."""
+    """Existing rows come first (after the schema), then later changes, all exact: the
+    values of NUMERIC-affinity columns (DECIMAL, BOOLEAN, DATE) as SQLite stored them."""
     src = _source(tmp_path)
     src.execute("INSERT INTO t VALUES (1, 'a', 12.5, 0.1, x'00ff', 1, '2024-02-29')")
     cap = SqliteCapture(tmp_path / "src.db")
@@ -77,16 +77,39 @@ def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -
         (
             "ROW_OP_INSERT",
             [],
-            [1, "a", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
+            [1, "a", 12.5, 0.1, b"\x00\xff", 1, "2024-02-29"],
         ),
         (
             "ROW_OP_UPDATE",
             [1],
-            [2, "b", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
+            [2, "b", 12.5, 0.1, b"\x00\xff", 1, "2024-02-29"],
         ),
-        ("ROW_OP_INSERT", [], [3, "c", decimal.Decimal("7.00"), 2.5, None, False, None]),
+        ("ROW_OP_INSERT", [], [3, "c", 7, 2.5, None, 0, None]),
         ("ROW_OP_DELETE", [3], []),
     ]
+
+
+def test_text_with_nul_or_not_utf8_and_extreme_integers_are_captured_exactly(
+    tmp_path: Path,
+) -> None:
+    """TEXT holding a NUL (quote() stops at it), TEXT that is not UTF-8 (it stopped the
+    capture: "Could not decode to UTF-8"), and integers beyond 2^53, in triggers and in
+    the install copy, as keys and as values."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(k TEXT PRIMARY KEY, v)")
+    src.execute("INSERT INTO t VALUES (?, CAST(X'41FF' AS TEXT))", ("a\x00b",))
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    src.execute("INSERT INTO t VALUES (CAST(X'80' AS TEXT), 9007199254740993)")
+    src.execute("UPDATE t SET v = ? WHERE k = ?", ("x\x00", "a\x00b"))
+    entry, _ = cap.build_entry("p", cap.read(0), 0, cap.installed()["p"])
+    assert entry is not None
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], ["a\x00b", RawText(b"A\xff")]),
+        ("ROW_OP_INSERT", [], [RawText(b"\x80"), 2**53 + 1]),
+        ("ROW_OP_UPDATE", ["a\x00b"], ["a\x00b", "x\x00"]),
+    ]
+    assert entry.ops[1].row.row[1].WhichOneof("kind") == "text_bytes"
 
 
 def test_rows_before_installation_and_other_publications_are_excluded(tmp_path: Path) -> None:
