@@ -61,11 +61,11 @@ def pg_type(column: pb.Column, schema: pb.TableSchema) -> str:
     if column.pg_type:
         return column.pg_type
     if schema.source_dialect == "sqlite" and column.type == T.COLUMN_TYPE_UNSPECIFIED:
-        declared = column.source_type or "none"
         raise SchemaError(
-            f"table {schema.table!r}, column {column.name!r}: the SQLite type {declared!r} "
-            "(any storage class in any row) has no PostgreSQL type; declare the column's "
-            "type on the source, or leave the table out of the publication (docs/types.md)",
+            f"table {schema.table!r}, column {column.name!r}: a SQLite column without a "
+            "declared type has no PostgreSQL type (its rows may hold any storage class); "
+            "declare its type on the source (TEXT, INTEGER, BLOB, ...) or leave the table "
+            "out of the publication (docs/types.md)",
             table=schema.table,
         )
     if column.type == T.COLUMN_TYPE_DECIMAL:

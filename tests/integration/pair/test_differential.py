@@ -135,3 +135,34 @@ def test_target_equals_source(
     finally:
         pair.stop()
         conn.close()
+
+
+@pytest.mark.postgres
+def test_a_sqlite_column_without_a_type_is_refused_by_a_postgresql_target(
+    tmp_path: Path, pg_db: str
+) -> None:
+    """SQLite -> PostgreSQL: a column without a declared type (any storage class in any
+    row) has no PostgreSQL type: the table is refused when it is added, in one line
+    naming table, column and type, and nothing of it is created on the target."""
+    pair = Pair(tmp_path, tables=["loose"], target_url=pg_db)
+    src = sqlite3.connect(str(pair.source_path))
+    src.execute("CREATE TABLE loose (id INTEGER PRIMARY KEY, anything)")
+    src.execute("INSERT INTO loose VALUES (1, 'text'), (2, x'00'), (3, 1.5)")
+    src.commit()
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        wait_until(lambda: pair.status().state == "error", 120, "the refusal")
+        error = pair.status().last_error
+        assert (
+            "table 'loose', column 'anything': a SQLite column without a declared type has "
+            "no PostgreSQL type" in error
+        )
+        assert "Traceback" not in error
+        import psycopg
+
+        with psycopg.connect(pg_db) as dst:
+            assert dst.execute("SELECT to_regclass('loose')").fetchone() == (None,)
+    finally:
+        pair.stop()
+        src.close()
