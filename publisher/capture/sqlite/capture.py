@@ -26,7 +26,10 @@ a published table, while running and across restarts).
   per publication (group commit).  SQLite gives triggers no transaction id, so
   an entry may hold several consecutive transactions, never part of one.
 * Exact values.  quote() renders integers, text, blobs (X'..') and reals with
-  enough digits to round-trip, unlike json_array's 15-digit reals.
+  enough digits to round-trip, unlike json_array's 15-digit reals; TEXT holding a NUL
+  (where quote() stops) travels as its bytes (``shapes.literal``), TEXT that is not
+  UTF-8 is read with surrogate escapes and carried as ``text_bytes``.  Values keep
+  their storage class (``exact.py``): docs/types.md.
 * Adding a table to a publication is ONE source write transaction (BEGIN
   IMMEDIATE): (re)create the triggers, append an 'S' row carrying the table's
   schema, copy every existing row as an 'I' row tagged with the publication, and
@@ -56,7 +59,8 @@ from pathlib import Path
 import structlog
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode, parse_declared_type, sqlite_text_factory
+from common.values import parse_declared_type, sqlite_text_factory
+from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
@@ -68,7 +72,7 @@ from publisher.capture.sqlite.shapes import (
 )
 from publisher.errors import SourceError
 
-__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident", "wire_type"]
+__all__ = ["CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
 
 log = structlog.get_logger(__name__)
 
@@ -427,13 +431,13 @@ class SqliteCapture:
             if r.k is not None:
                 assert isinstance(r.k, str)
                 rc.key.extend(
-                    encode(parse_sql_literal(x), t, s)
+                    encode_stored(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.k), shape.key_types, strict=False)
                 )
             if r.v is not None:
                 assert isinstance(r.v, str)
                 rc.row.extend(
-                    encode(parse_sql_literal(x), t, s)
+                    encode_stored(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
         if not entry.ops:
@@ -451,30 +455,6 @@ _OPS = {
 }
 
 
-# Logical types whose declared types have NUMERIC affinity: SQLite keeps integers,
-# reals and text in such columns as written, so their values travel as they are stored
-# (a coercion to the logical type would lose the storage class: 5 and '5', 'true' and 1,
-# '2024-01-01 10:00' and its ISO form).  The target maps them (docs/types.md).
-_AS_STORED = frozenset(
-    {
-        pb.COLUMN_TYPE_DECIMAL,
-        pb.COLUMN_TYPE_BOOLEAN,
-        pb.COLUMN_TYPE_DATE,
-        pb.COLUMN_TYPE_TIME,
-        pb.COLUMN_TYPE_TIMESTAMP,
-        pb.COLUMN_TYPE_TIMESTAMPTZ,
-    }
-)
-
-
-def wire_type(column: pb.Column) -> tuple[int, int]:
-    """The (type, scale) a SQLite column's values are encoded with: its logical type,
-    or none (the value's own storage class) for NUMERIC affinity (``_AS_STORED``)."""
-    if column.type in _AS_STORED:
-        return pb.COLUMN_TYPE_UNSPECIFIED, 0
-    return int(column.type), column.scale
-
-
 @dataclass(frozen=True, slots=True)
 class _Shape:
     """One generation's schema and the (type, scale) of its values and key."""
@@ -485,9 +465,9 @@ class _Shape:
 
     @classmethod
     def of(cls, schema: pb.TableSchema) -> _Shape:
-        by_name = {c.name: wire_type(c) for c in schema.columns}
+        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
         return cls(
             schema,
-            [wire_type(c) for c in schema.columns],
+            [(int(c.type), c.scale) for c in schema.columns],
             [by_name[k] for k in schema.primary_key],
         )

@@ -9,7 +9,7 @@ scale), BOOLEAN ``boolean``, DATE ``date``, TIME ``time``, TIMESTAMP/DATETIME
 ``timestamp``, TIMESTAMPTZ ``timestamptz``, JSON ``json`` (not ``jsonb``: the document's
 exact text).  A column without a declared type holds any storage class in any row, so
 it has no PostgreSQL type: ``pg_type`` stays empty and a PostgreSQL target refuses the
-table when it is added (``subscriber.targets.typemap``).
+table when it is added (``subscriber/targets/postgres/_copy.py: pg_type``).
 """
 
 from __future__ import annotations

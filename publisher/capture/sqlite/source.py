@@ -38,7 +38,8 @@ from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
 from common.values import sqlite_text_factory
 from publisher.capture.source import Snapshot, SourceOptions
-from publisher.capture.sqlite.capture import SqliteCapture, qident, wire_type
+from publisher.capture.sqlite.capture import SqliteCapture, qident
+from publisher.capture.sqlite.exact import stored_writer
 from publisher.capture.values import rows_chunk, value_writer
 from publisher.publication import Publication
 
@@ -162,7 +163,10 @@ class SqliteSource:
             seq, schemas, counts = self._pin(conn, pub, timeout_s)
 
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
-                writers = [value_writer(*wire_type(c)) for c in schema.columns]
+                writers = [
+                    stored_writer(c.type, c.scale) or value_writer(c.type, c.scale)
+                    for c in schema.columns
+                ]
                 cols = ", ".join(qident(c.name) for c in schema.columns)
                 cur = conn.execute(f"SELECT {cols} FROM {qident(schema.table)}")
                 while True:

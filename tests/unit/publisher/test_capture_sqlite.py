@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import sqlite3
 from pathlib import Path
 
@@ -47,8 +48,7 @@ def test_parse_sql_literal_round_trips_quote(tmp_path: Path) -> None:
 
 
 def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -> None:
-    """Existing rows come first (after the schema), then later changes, all exact: the
-    values of NUMERIC-affinity columns (DECIMAL, BOOLEAN, DATE) as SQLite stored them."""
+    """Existing rows come first (after the schema), then later changes, all exact."""
     src = _source(tmp_path)
     src.execute("INSERT INTO t VALUES (1, 'a', 12.5, 0.1, x'00ff', 1, '2024-02-29')")
     cap = SqliteCapture(tmp_path / "src.db")
@@ -77,14 +77,14 @@ def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -
         (
             "ROW_OP_INSERT",
             [],
-            [1, "a", 12.5, 0.1, b"\x00\xff", 1, "2024-02-29"],
+            [1, "a", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
         ),
         (
             "ROW_OP_UPDATE",
             [1],
-            [2, "b", 12.5, 0.1, b"\x00\xff", 1, "2024-02-29"],
+            [2, "b", decimal.Decimal("12.50"), 0.1, b"\x00\xff", True, dt.date(2024, 2, 29)],
         ),
-        ("ROW_OP_INSERT", [], [3, "c", 7, 2.5, None, 0, None]),
+        ("ROW_OP_INSERT", [], [3, "c", decimal.Decimal("7.00"), 2.5, None, False, None]),
         ("ROW_OP_DELETE", [3], []),
     ]
 
@@ -110,6 +110,25 @@ def test_text_with_nul_or_not_utf8_and_extreme_integers_are_captured_exactly(
         ("ROW_OP_UPDATE", ["a\x00b"], ["a\x00b", "x\x00"]),
     ]
     assert entry.ops[1].row.row[1].WhichOneof("kind") == "text_bytes"
+
+
+def test_values_a_coercion_would_change_travel_as_stored(tmp_path: Path) -> None:
+    """In NUMERIC-affinity columns only lossless coercions happen: 'true', a timestamp
+    with a space, a real the scale would round and a number-like text stay as stored."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, f BOOLEAN, ts TIMESTAMP, d DECIMAL(10,2))")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    src.execute("INSERT INTO t VALUES (1, 'true', '2024-02-29 12:34:56', 12.345)")
+    src.execute("INSERT INTO t VALUES (2, 1, '2024-02-29T12:34:56', 'NaN')")
+    entry, _ = cap.build_entry("p", cap.read(0), 0, cap.installed()["p"])
+    assert entry is not None
+    import datetime as dt
+
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], [1, "true", "2024-02-29 12:34:56", 12.345]),
+        ("ROW_OP_INSERT", [], [2, True, dt.datetime(2024, 2, 29, 12, 34, 56), "NaN"]),
+    ]
 
 
 def test_rows_before_installation_and_other_publications_are_excluded(tmp_path: Path) -> None:
