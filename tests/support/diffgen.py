@@ -99,7 +99,7 @@ SQLITE_COLUMNS: list[SqliteColumn] = [
     SqliteColumn("c_num", "NUMERIC",
                  _choice(5, 2**63 - 1, 1.5, 0.1, "1.50", -7, None),
                  _choice("12abc", b"\x01", "")),
-    SqliteColumn("c_dec", "DECIMAL(10,2)", _choice(12.34, 5, -0.5, None), _choice("n/a")),
+    SqliteColumn("c_dec", "DECIMAL(10,2)", _choice(12.34, 5, -0.5, None), _choice("n/a", 12.345)),
     SqliteColumn("c_bool", "BOOLEAN", _choice(0, 1, None), _choice("yes", 2, "true")),
     SqliteColumn("c_date", "DATE", _choice("2024-02-29", "0001-01-01", "9999-12-31", None),
                  _choice("not a date", 20240229)),

@@ -36,6 +36,7 @@ from subscriber.targets.sqlite.writer import (
     METADATA_SQL,
     SqliteWriter,
     declared,
+    placed_params,
     quote,
     sqlite_value,
 )
@@ -107,10 +108,14 @@ class SqliteSnapshotLoader:
 
     def write(self, table: str, rows: list[Any]) -> int:
         n = len(self.schemas[table].columns)
-        rows = _pass(self.spark, rows, n)
-        marks = ", ".join("?" * n)
+        columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(n)]
+        marks, params = placed_params(columns)
+        # (through Spark unless it holds TEXT that is not UTF-8, which it would make bytes)
+        rows = _pass(self.spark, rows, n) if len(params) == n else list(zip(*params, strict=True))
         self.conn.execute("BEGIN")
-        self.conn.executemany(f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({marks})", rows)
+        self.conn.executemany(
+            f"INSERT INTO {quote(SHADOW_PREFIX + table)} VALUES ({', '.join(marks)})", rows
+        )
         self.conn.execute("COMMIT")
         return len(rows)
 

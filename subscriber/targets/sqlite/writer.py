@@ -61,7 +61,15 @@ from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
-__all__ = ["DECLARED", "METADATA", "SqliteWriter", "declared", "quote", "sqlite_value"]
+__all__ = [
+    "DECLARED",
+    "METADATA",
+    "SqliteWriter",
+    "declared",
+    "placed_params",
+    "quote",
+    "sqlite_value",
+]
 
 T = pb.ColumnType
 
@@ -412,7 +420,7 @@ class SqliteWriter:
         written = 0
         if step.deletes.num_rows:
             key_idx = [names.index(k) for k in schema.primary_key]
-            marks, cols = _placed(
+            marks, cols = placed_params(
                 [_column_values(step.deletes, i, schema.columns[i]) for i in key_idx]
             )
             where = " AND ".join(
@@ -421,7 +429,7 @@ class SqliteWriter:
             self._conn.executemany(f"DELETE FROM {table} WHERE {where}", _rows_of(cols))
             written += step.deletes.num_rows
         if step.upserts.num_rows:
-            placed, cols = _placed(
+            placed, cols = placed_params(
                 [_column_values(step.upserts, i, c) for i, c in enumerate(schema.columns)]
             )
             collist = ", ".join(quote(n) for n in names)
@@ -470,7 +478,7 @@ def _history_sql(schema: pb.TableSchema) -> tuple[str, str]:
 _RAW_MARK = "CASE WHEN ? THEN CAST(? AS TEXT) ELSE ? END"
 
 
-def _placed(columns: list[list[object]]) -> tuple[list[str], list[list[object]]]:
+def placed_params(columns: list[list[object]]) -> tuple[list[str], list[list[object]]]:
     """The placeholder of each column and the parameter columns it binds."""
     marks: list[str] = []
     params: list[list[object]] = []
