@@ -17,7 +17,13 @@ TIME            ``datetime.time``             ``time_us``
 TIMESTAMP       naive ``datetime.datetime``   ``timestamp_us``
 TIMESTAMPTZ     aware ``datetime.datetime``   ``timestamptz`` (UTC micros + offset)
 JSON            ``str`` (JSON text)           ``json``
+(TEXT)          :class:`RawText`              ``text_bytes``
 ==============  ============================  ======================================
+
+:class:`RawText` is TEXT that is not valid UTF-8 (SQLite stores whatever bytes it is
+given as TEXT): its bytes.  A source reads such text with
+:func:`sqlite_text_factory` (undecodable bytes become surrogate escapes); an encoded
+``str`` holding them travels as ``text_bytes``, and only a SQLite target can store it.
 
 ``None`` is SQL NULL.  :func:`encode` coerces what a source driver returns (SQLite
 keeps decimals as REAL or TEXT, booleans as 0/1, dates as ISO text) into the
@@ -37,12 +43,14 @@ from common.rpc import txrepl_pb2 as pb
 
 __all__ = [
     "ColumnType",
+    "RawText",
     "decode",
     "decode_row",
     "encode",
     "encode_natural",
     "encode_row",
     "parse_declared_type",
+    "sqlite_text_factory",
     "to_datetime",
     "to_decimal",
 ]
@@ -53,6 +61,16 @@ EPOCH_DATE = dt.date(1970, 1, 1)
 EPOCH = dt.datetime(1970, 1, 1)
 EPOCH_UTC = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _US = dt.timedelta(microseconds=1)
+
+
+class RawText(bytes):
+    """TEXT that is not valid UTF-8: its bytes (see the module docstring)."""
+
+
+def sqlite_text_factory(data: bytes) -> str:
+    """A ``sqlite3`` text factory that reads any TEXT: bytes that are not UTF-8 become
+    surrogate escapes, which :func:`encode_natural` carries as ``text_bytes``."""
+    return data.decode("utf-8", "surrogateescape")
 
 
 def _micros(delta: dt.timedelta) -> int:
@@ -128,6 +146,14 @@ def to_datetime(v: object) -> dt.datetime | None:
     return None
 
 
+def _utf8(v: str) -> bool:
+    try:
+        v.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def encode_natural(v: object, out: pb.Value) -> pb.Value:
     """Encode ``v`` by its own Python type (used when coercion is not possible)."""
     if v is None:
@@ -139,7 +165,12 @@ def encode_natural(v: object, out: pb.Value) -> pb.Value:
     elif isinstance(v, float):
         out.float = v
     elif isinstance(v, str):
-        out.text = v
+        try:
+            out.text = v
+        except UnicodeEncodeError:  # surrogate escapes: sqlite_text_factory
+            out.text_bytes = v.encode("utf-8", "surrogateescape")
+    elif isinstance(v, RawText):
+        out.text_bytes = bytes(v)
     elif isinstance(v, bytes | bytearray | memoryview):
         out.blob = bytes(v)
     elif isinstance(v, decimal.Decimal):
@@ -197,7 +228,7 @@ def encode(v: object, ctype: int = ColumnType.COLUMN_TYPE_UNSPECIFIED, scale: in
             ts = ts.replace(tzinfo=dt.UTC)  # a zone-less text in a timestamptz column means UTC
         coerced = ts
     elif ctype == ColumnType.COLUMN_TYPE_JSON:
-        if isinstance(v, str):
+        if isinstance(v, str) and _utf8(v):  # else carried as text_bytes
             out.json = v
             return out
         if isinstance(v, dict | list):
@@ -215,6 +246,8 @@ def decode(v: pb.Value) -> object:
         return None
     if kind == "decimal":
         return decimal.Decimal(v.decimal)
+    if kind == "text_bytes":
+        return RawText(v.text_bytes)
     if kind == "date":
         return EPOCH_DATE + dt.timedelta(days=v.date)
     if kind == "time_us":

@@ -234,6 +234,7 @@ class Value(_message.Message):
     TIMESTAMP_US_FIELD_NUMBER: _builtins.int
     TIMESTAMPTZ_FIELD_NUMBER: _builtins.int
     JSON_FIELD_NUMBER: _builtins.int
+    TEXT_BYTES_FIELD_NUMBER: _builtins.int
     null: _builtins.bool
     """explicit SQL NULL (an empty Value means the same)"""
     int: _builtins.int
@@ -255,6 +256,8 @@ class Value(_message.Message):
     """naive timestamp: microseconds since 1970-01-01T00:00"""
     json: _builtins.str
     """JSON document as text"""
+    text_bytes: _builtins.bytes
+    """text that is not valid UTF-8 (SQLite keeps such TEXT): its bytes"""
     @_builtins.property
     def timestamptz(self) -> Global___TimestampTz: ...
     def __init__(
@@ -272,12 +275,13 @@ class Value(_message.Message):
         timestamp_us: _builtins.int = ...,
         timestamptz: Global___TimestampTz | None = ...,
         json: _builtins.str = ...,
+        text_bytes: _builtins.bytes = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "boolean", b"boolean", "date", b"date", "decimal", b"decimal", "float", b"float", "int", b"int", "json", b"json", "kind", b"kind", "null", b"null", "text", b"text", "time_us", b"time_us", "timestamp_us", b"timestamp_us", "timestamptz", b"timestamptz"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "boolean", b"boolean", "date", b"date", "decimal", b"decimal", "float", b"float", "int", b"int", "json", b"json", "kind", b"kind", "null", b"null", "text", b"text", "text_bytes", b"text_bytes", "time_us", b"time_us", "timestamp_us", b"timestamp_us", "timestamptz", b"timestamptz"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "boolean", b"boolean", "date", b"date", "decimal", b"decimal", "float", b"float", "int", b"int", "json", b"json", "kind", b"kind", "null", b"null", "text", b"text", "time_us", b"time_us", "timestamp_us", b"timestamp_us", "timestamptz", b"timestamptz"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["blob", b"blob", "boolean", b"boolean", "date", b"date", "decimal", b"decimal", "float", b"float", "int", b"int", "json", b"json", "kind", b"kind", "null", b"null", "text", b"text", "text_bytes", b"text_bytes", "time_us", b"time_us", "timestamp_us", b"timestamp_us", "timestamptz", b"timestamptz"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["null", "int", "decimal", "float", "text", "blob", "boolean", "date", "time_us", "timestamp_us", "timestamptz", "json"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["null", "int", "decimal", "float", "text", "blob", "boolean", "date", "time_us", "timestamp_us", "timestamptz", "json", "text_bytes"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -363,7 +367,14 @@ class TableSchema(_message.Message):
     TABLE_FIELD_NUMBER: _builtins.int
     COLUMNS_FIELD_NUMBER: _builtins.int
     PRIMARY_KEY_FIELD_NUMBER: _builtins.int
+    SOURCE_DIALECT_FIELD_NUMBER: _builtins.int
     table: _builtins.str
+    source_dialect: _builtins.str
+    """The source's dialect ("sqlite", "postgresql"; empty: an application's Publish).
+    A target of the same dialect creates columns with the source's own types
+    (SQLite: the declared type, hence the same affinity; PostgreSQL: pg_type); across
+    dialects it maps them by docs/types.md and refuses at install what has no mapping.
+    """
     @_builtins.property
     def columns(self) -> _containers.RepeatedCompositeFieldContainer[Global___Column]: ...
     @_builtins.property
@@ -376,10 +387,11 @@ class TableSchema(_message.Message):
         table: _builtins.str = ...,
         columns: _abc.Iterable[Global___Column] | None = ...,
         primary_key: _abc.Iterable[_builtins.str] | None = ...,
+        source_dialect: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "primary_key", b"primary_key", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "primary_key", b"primary_key", "source_dialect", b"source_dialect", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

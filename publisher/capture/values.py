@@ -47,7 +47,10 @@ def value_writer(ctype: int, scale: int) -> Callable[[pb.Value, object], None]:
 
         def simple(out: pb.Value, v: object) -> None:
             if type(v) is exact:
-                setattr(out, field, v)
+                try:
+                    setattr(out, field, v)
+                except UnicodeEncodeError:  # TEXT that is not UTF-8: see common.values
+                    generic(out, v)
             elif v is None:
                 out.null = True
             else:

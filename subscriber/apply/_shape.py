@@ -101,7 +101,7 @@ def target_schema(
             )
     if set(opts.drop) & set(source.primary_key):
         raise SchemaError("a transform cannot drop a key column", seq=seq, table=source.table)
-    out = pb.TableSchema(table=opts.target or source.table)
+    out = pb.TableSchema(table=opts.target or source.table, source_dialect=source.source_dialect)
     exprs: list[tuple[str, str]] = []
     for c in source.columns:
         if c.name in opts.drop:

@@ -228,7 +228,7 @@ class Catalog:
                     f"table {table.display!r} has no PRIMARY KEY; txrepl needs one to "
                     "replicate a table (add one, or leave the table out of the publication)"
                 )
-        schema = pb.TableSchema(table=table.display)
+        schema = pb.TableSchema(table=table.display, source_dialect="postgresql")
         infos: list[TypeInfo] = []
         for col in columns:
             info = self.type_info(col.type_oid, col.typmod, col.type_name)

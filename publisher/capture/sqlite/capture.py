@@ -26,7 +26,10 @@ a published table, while running and across restarts).
   per publication (group commit).  SQLite gives triggers no transaction id, so
   an entry may hold several consecutive transactions, never part of one.
 * Exact values.  quote() renders integers, text, blobs (X'..') and reals with
-  enough digits to round-trip, unlike json_array's 15-digit reals.
+  enough digits to round-trip, unlike json_array's 15-digit reals; TEXT holding a NUL
+  (where quote() stops) travels as its bytes (``shapes.literal``), TEXT that is not
+  UTF-8 is read with surrogate escapes and carried as ``text_bytes``.  Values keep
+  their storage class (``exact.py``): docs/types.md.
 * Adding a table to a publication is ONE source write transaction (BEGIN
   IMMEDIATE): (re)create the triggers, append an 'S' row carrying the table's
   schema, copy every existing row as an 'I' row tagged with the publication, and
@@ -57,7 +60,9 @@ import structlog
 
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode, parse_declared_type
+from common.values import parse_declared_type, sqlite_text_factory
+from publisher.capture.sqlite.exact import encode_stored
+from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
     build_triggers,
@@ -97,6 +102,8 @@ def parse_sql_literal(text: str) -> object:
         return text[1:-1].replace("''", "'")
     if first in "Xx" and text[1:2] == "'":
         return bytes.fromhex(text[2:-1])
+    if first == "t":  # TEXT holding a NUL, as its bytes (shapes.literal)
+        return sqlite_text_factory(bytes.fromhex(text[3:-1]))
     if any(c in text for c in ".eE") or text in ("Inf", "-Inf"):
         return float(text)
     return int(text)
@@ -124,6 +131,7 @@ class SqliteCapture:
         self._conn = sqlite3.connect(
             str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
         )
+        self._conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
         self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         self._conn.executescript(_SETUP)
         if "gen" not in {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}:
@@ -145,7 +153,7 @@ class SqliteCapture:
         rows = (conn or self._conn).execute(f"PRAGMA table_xinfo({qident(table)})").fetchall()
         if not rows:
             raise SourceError(f"table {table!r} does not exist in the SQLite source {self.path}")
-        schema = pb.TableSchema(table=table)
+        schema = pb.TableSchema(table=table, source_dialect="sqlite")
         pk: list[tuple[int, str]] = []
         for _cid, name, decl, notnull, _default, pkpos, hidden in rows:
             if hidden:  # generated columns are computed again on the target
@@ -158,6 +166,7 @@ class SqliteCapture:
                 scale=scale,
                 nullable=not notnull and not pkpos,
                 source_type=decl or "",
+                pg_type=sqlite_pg_type(ctype, prec, scale),
             )
             if pkpos:
                 pk.append((pkpos, name))
@@ -509,13 +518,13 @@ class SqliteCapture:
             if r.k is not None:
                 assert isinstance(r.k, str)
                 rc.key.extend(
-                    encode(parse_sql_literal(x), t, s)
+                    encode_stored(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.k), shape.key_types, strict=False)
                 )
             if r.v is not None:
                 assert isinstance(r.v, str)
                 rc.row.extend(
-                    encode(parse_sql_literal(x), t, s)
+                    encode_stored(parse_sql_literal(x), t, s)
                     for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
                 )
             room(op, shape.key_idx)

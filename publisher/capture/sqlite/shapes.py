@@ -93,7 +93,15 @@ import sqlite3
 from common.names import quote_ident
 from common.rpc import txrepl_pb2 as pb
 
-__all__ = ["TRIGGER_TAGS", "build_triggers", "copy_rows", "fallback_name", "qident", "trigger_name"]
+__all__ = [
+    "TRIGGER_TAGS",
+    "build_triggers",
+    "copy_rows",
+    "fallback_name",
+    "literal",
+    "qident",
+    "trigger_name",
+]
 
 TRIGGER_TAGS = ("i", "u", "d")
 
@@ -109,10 +117,19 @@ def fallback_name(table: str) -> str:
     return f"_txrepl_fb_{table}"
 
 
+def literal(expr: str) -> str:
+    """SQL for the exact literal of a value: quote()'s, except for TEXT holding a NUL
+    (quote() stops at it): ``t`` + the quoted blob of its bytes (``tX'610062'``)."""
+    return (
+        f"CASE WHEN typeof({expr}) = 'text' AND instr(CAST({expr} AS BLOB), X'00')"
+        f" THEN 't' || quote(CAST({expr} AS BLOB)) ELSE quote({expr}) END"
+    )
+
+
 def _image(schema: pb.TableSchema, key_from: str) -> str:
     """The row image read back by primary key (unqualified names: see the docstring)."""
     t = qident(schema.table)
-    cols = ", ".join(f"quote({qident(c.name)})" for c in schema.columns)
+    cols = ", ".join(literal(qident(c.name)) for c in schema.columns)
     where = " AND ".join(f"{t}.{qident(k)} IS {key_from}.{qident(k)}" for k in schema.primary_key)
     return f"(SELECT json_array({cols}) FROM {t} WHERE {where})"
 
@@ -124,7 +141,7 @@ def build_triggers(conn: sqlite3.Connection, schema: pb.TableSchema, gen: int) -
     conn.execute(f"DROP TABLE IF EXISTS {fb}")
     conn.execute(f"CREATE TABLE {fb} ({', '.join(qident(c.name) for c in schema.columns)})")
     conn.execute(f"INSERT INTO {fb} DEFAULT VALUES")
-    old_key = ", ".join(f"quote(OLD.{qident(k)})" for k in schema.primary_key)
+    old_key = ", ".join(literal(f"OLD.{qident(k)}") for k in schema.primary_key)
     lit = t.replace("'", "''")
     new = _image(schema, "NEW")
     bodies = {
@@ -145,7 +162,7 @@ def copy_rows(
     conn: sqlite3.Connection, schema: pb.TableSchema, gen: int, publication: str | None
 ) -> None:
     """Every current row of the table as an 'I' capture row of generation ``gen``."""
-    cols = ", ".join(f"quote({qident(c.name)})" for c in schema.columns)
+    cols = ", ".join(literal(qident(c.name)) for c in schema.columns)
     conn.execute(
         f"INSERT INTO _txrepl_capture(pub, tbl, op, v, gen) "
         f"SELECT ?, ?, 'I', json_array({cols}), ? FROM {qident(schema.table)}",

@@ -37,10 +37,12 @@ from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.names import format_table, parse_table
 from common.rpc import txrepl_pb2 as pb
+from common.values import sqlite_text_factory
 from publisher.capture.groups import GroupWriter
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
+from publisher.capture.sqlite.exact import stored_writer
 from publisher.capture.values import rows_chunk, value_writer
 from publisher.errors import RowTooLarge, SourceError
 from publisher.publication import Publication
@@ -242,11 +244,15 @@ class SqliteSource:
         conn = sqlite3.connect(
             str(self.capture.path), isolation_level=None, timeout=30, check_same_thread=False
         )
+        conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
         try:
             seq, schemas, counts = self._pin(conn, pub, timeout_s)
 
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
-                writers = [value_writer(c.type, c.scale) for c in schema.columns]
+                writers = [
+                    stored_writer(c.type, c.scale) or value_writer(c.type, c.scale)
+                    for c in schema.columns
+                ]
                 cols = ", ".join(qident(c.name) for c in schema.columns)
                 table = qident(parse_table(schema.table).name)
                 cur = conn.execute(f"SELECT {cols} FROM {table}")

@@ -53,7 +53,7 @@ def follow_schema(
         if c.name not in have:
             cur.execute(
                 sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
-                    table, Q(c.name), sql.SQL(pg_type(c))
+                    table, Q(c.name), sql.SQL(pg_type(c, target))
                 )
             )
     if previous is None or shaped:
@@ -65,8 +65,10 @@ def follow_schema(
         new = now.get(old.name)
         if new is None:
             _drop(cur, table, target.table, old.name)
-        elif pg_type(new) != pg_type(old) and have[old.name] == _spelled(pg_type(old)):
-            _retype(cur, table, target.table, old.name, pg_type(new))
+        elif pg_type(new, target) != pg_type(old, previous) and have[old.name] == _spelled(
+            pg_type(old, previous)
+        ):
+            _retype(cur, table, target.table, old.name, pg_type(new, target))
 
 
 # pg_type()'s spellings that format_type (the target's catalog) spells otherwise

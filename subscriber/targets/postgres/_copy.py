@@ -25,6 +25,7 @@ from psycopg import sql
 
 from common import values
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply.errors import SchemaError
 from subscriber.apply.writer import column_of
 from subscriber.targets.postgres._names import table_sql
 
@@ -50,9 +51,11 @@ _PG_TYPES: dict[int, str] = {
 _WRITE = pcsv.WriteOptions(include_header=False)
 
 
-def pg_type(column: pb.Column) -> str:
-    """The PostgreSQL type of a column: the source's own when it says (``pg_type``, from a
-    PostgreSQL source), else that of its logical type (unspecified: text).
+def pg_type(column: pb.Column, schema: pb.TableSchema) -> str:
+    """The PostgreSQL type of a column of ``schema``: the source's own when it says
+    (``pg_type``: a PostgreSQL source's type, a SQLite source's mapped one), else that of
+    its logical type (unspecified: text).  A SQLite column with no PostgreSQL type (no
+    declared type) is refused, naming table, column and type (docs/types.md).
 
     Tables, COPY stages and JDBC stages all take it, so staged text (uuid, inet,
     interval, arrays, ...) is parsed by the column's real input function and the merge
@@ -60,6 +63,14 @@ def pg_type(column: pb.Column) -> str:
     """
     if column.pg_type:
         return column.pg_type
+    if schema.source_dialect == "sqlite" and column.type == T.COLUMN_TYPE_UNSPECIFIED:
+        raise SchemaError(
+            f"table {schema.table!r}, column {column.name!r}: a SQLite column without a "
+            "declared type has no PostgreSQL type (its rows may hold any storage class); "
+            "declare its type on the source (TEXT, INTEGER, BLOB, ...) or leave the table "
+            "out of the publication (docs/types.md)",
+            table=schema.table,
+        )
     if column.type == T.COLUMN_TYPE_DECIMAL:
         if column.precision:
             return f"numeric({column.precision},{column.scale})"

@@ -167,7 +167,7 @@ class PgShadowLoader:
                 cols = sql.SQL(", ").join(
                     sql.SQL("{} {}{}").format(
                         Q(c.name),
-                        sql.SQL(pg_type(c)),
+                        sql.SQL(pg_type(c, schema)),
                         sql.SQL("" if c.nullable or c.name in schema.primary_key else " NOT NULL"),
                     )
                     for c in schema.columns

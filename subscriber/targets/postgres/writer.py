@@ -356,7 +356,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
             cols = [
                 sql.SQL("{} {}{}").format(
                     Q(c.name),
-                    sql.SQL(pg_type(c)),
+                    sql.SQL(pg_type(c, target)),
                     sql.SQL("" if c.nullable or c.name in target.primary_key else " NOT NULL"),
                 )
                 for c in target.columns
@@ -380,7 +380,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         have = self._types.get(schema.table)
         if have is None:
             have = self._types[schema.table] = table_types(cur, schema.table)
-        return [have.get(c.name) or pg_type(c) for c in schema.columns]
+        return [have.get(c.name) or pg_type(c, schema) for c in schema.columns]
 
     def _stage(
         self, cur: psycopg.Cursor[Any], schema: pb.TableSchema, indexes: list[int]

@@ -33,7 +33,14 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.session import arrow_frame
 from subscriber.reinit.errors import SnapshotError
-from subscriber.targets.sqlite.writer import METADATA_SQL, SqliteWriter, quote, sqlite_value
+from subscriber.targets.sqlite.writer import (
+    METADATA_SQL,
+    SqliteWriter,
+    declared,
+    placed_params,
+    quote,
+    sqlite_value,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -43,19 +50,11 @@ __all__ = ["SHADOW_PREFIX", "SqliteSnapshotLoader"]
 SHADOW_PREFIX = "txrepl_shadow__"
 FLUSH_ROWS = 50_000
 
-# Declared SQLite types per logical type: the same affinities the apply writer uses.
-_DECLARED = {
-    pb.COLUMN_TYPE_INTEGER: "INTEGER",
-    pb.COLUMN_TYPE_FLOAT: "REAL",
-    pb.COLUMN_TYPE_BYTES: "BLOB",
-    pb.COLUMN_TYPE_BOOLEAN: "INTEGER",
-}
-
 
 def _ddl(name: str, schema: pb.TableSchema) -> str:
     cols = []
     for c in schema.columns:
-        decl = _DECLARED.get(c.type, "TEXT" if c.type else "")
+        decl = declared(c, schema)  # the same affinities the apply writer uses
         null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
         cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
     pk = ", ".join(quote(k) for k in schema.primary_key)
@@ -110,11 +109,13 @@ class SqliteSnapshotLoader:
 
     def write(self, table: str, rows: list[Any]) -> int:
         n = len(self.schemas[table].columns)
-        rows = _pass(self.spark, rows, n)
-        marks = ", ".join("?" * n)
+        columns = [list(c) for c in zip(*rows, strict=True)] if rows else [[] for _ in range(n)]
+        marks, params = placed_params(columns)
+        # (through Spark unless it holds TEXT that is not UTF-8, which it would make bytes)
+        rows = _pass(self.spark, rows, n) if len(params) == n else list(zip(*params, strict=True))
         self.conn.execute("BEGIN")
         shadow = quote(SHADOW_PREFIX + parse_table(table).flat)
-        self.conn.executemany(f"INSERT INTO {shadow} VALUES ({marks})", rows)
+        self.conn.executemany(f"INSERT INTO {shadow} VALUES ({', '.join(marks)})", rows)
         self.conn.execute("COMMIT")
         return len(rows)
 

@@ -4,8 +4,9 @@ Type mapping (logical -> SQLite declared type, stored value):
 
 ===========  ========  ==============================================
 INTEGER      INTEGER   integer
-DECIMAL      TEXT      canonical decimal text (exact; never REAL)
-FLOAT        REAL      double
+DECIMAL      TEXT      exact decimal text, positional (never REAL)
+FLOAT        REAL      double; NaN as TEXT 'NaN' (SQLite binds it as NULL);
+                       -0.0 becomes 0.0 (a REAL column cannot hold it)
 TEXT         TEXT      text
 BYTES        BLOB      bytes
 BOOLEAN      INTEGER   0 / 1
@@ -16,6 +17,10 @@ TIMESTAMPTZ  TEXT      ISO 8601 with offset ``...+HH:MM``
 JSON         TEXT      the JSON document's text
 other        (none)    the value's natural SQLite form
 ===========  ========  ==============================================
+
+A SQLite source's tables get the source's own declared types instead (``declared``),
+and its values arrive as they were stored: every value keeps its storage class, TEXT
+that is not UTF-8 included (docs/types.md).
 
 Replicated changes do not fire the target's own triggers (``triggers.py``: the
 replica role of SQLite targets, with a ``txrepl:always`` opt-out per trigger).
@@ -60,7 +65,15 @@ from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_
 from subscriber.targets.sqlite._truncate import empty_table
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
-__all__ = ["DECLARED", "METADATA", "SqliteWriter", "quote", "sqlite_value"]
+__all__ = [
+    "DECLARED",
+    "METADATA",
+    "SqliteWriter",
+    "declared",
+    "placed_params",
+    "quote",
+    "sqlite_value",
+]
 
 T = pb.ColumnType
 
@@ -77,6 +90,15 @@ DECLARED: dict[int, str] = {
     T.COLUMN_TYPE_TIMESTAMPTZ: "TEXT",
     T.COLUMN_TYPE_JSON: "TEXT",
 }
+
+
+def declared(column: pb.Column, schema: pb.TableSchema) -> str:
+    """The declared type a target column gets: a SQLite source's own (the same affinity,
+    so every value keeps its storage class), else that of its logical type."""
+    if schema.source_dialect == "sqlite":
+        return column.source_type
+    return DECLARED.get(column.type, "")
+
 
 METADATA = """
 CREATE TABLE IF NOT EXISTS txrepl_subscriptions (
@@ -125,12 +147,27 @@ def _now() -> str:
 METADATA_SQL = MetadataSql(mark=":{}", now=":now", now_value=_now)
 
 
+def _real(v: float) -> float | str:
+    """A double as stored: SQLite binds a NaN as NULL, so it is stored as the TEXT
+    ``'NaN'`` (a REAL column keeps text that is not a number).  A -0.0 cannot be kept
+    (a REAL column stores 0.0, and converts the text ``'-0.0'`` too): docs/types.md."""
+    return "NaN" if v != v else v
+
+
+def _decimal(text: str) -> str:
+    """A decimal's text as stored: positional, as PostgreSQL writes it (``-1E-36`` is
+    ``-0.000000000000000000000000000000000001``)."""
+    return format(decimal.Decimal(text), "f") if "E" in text else text
+
+
 def sqlite_value(v: object) -> object:
     """A Python value of ``common.values`` in the form this writer stores."""
-    if v is None or isinstance(v, int | float | str | bytes):
+    if isinstance(v, float):
+        return _real(v)
+    if v is None or isinstance(v, int | str | bytes):
         return int(v) if isinstance(v, bool) else v
     if isinstance(v, decimal.Decimal):
-        return str(v)
+        return _decimal(str(v))
     if isinstance(v, dt.date | dt.time):  # datetime is a date
         return v.isoformat()
     raise TypeError(f"no SQLite form for {type(v).__name__}")
@@ -139,16 +176,18 @@ def sqlite_value(v: object) -> object:
 def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[object]:
     col, variant = column_of(table, index)
     t = column.type
+    if not variant and t == T.COLUMN_TYPE_FLOAT:
+        return [None if v is None else _real(v) for v in col.to_pylist()]
+    if not variant and t == T.COLUMN_TYPE_DECIMAL:
+        return [None if v is None else _decimal(v) for v in col.to_pylist()]
     if not variant and t in (
         T.COLUMN_TYPE_INTEGER,
-        T.COLUMN_TYPE_DECIMAL,
-        T.COLUMN_TYPE_FLOAT,
         T.COLUMN_TYPE_TEXT,
         T.COLUMN_TYPE_JSON,
         T.COLUMN_TYPE_BYTES,
         T.COLUMN_TYPE_TIMESTAMPTZ,
     ):
-        # Already in stored form (decimals and timestamptz travel as ISO/canonical text).
+        # Already in stored form (timestamptz travels as ISO text).
         out: list[object] = col.to_pylist()
         return out
     if not variant and t == T.COLUMN_TYPE_BOOLEAN:
@@ -365,7 +404,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
         if not existing:
             cols = []
             for c in schema.columns:
-                decl = DECLARED.get(c.type, "")
+                decl = declared(c, schema)
                 null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
                 cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
             pk = ", ".join(quote(k) for k in schema.primary_key)
@@ -378,7 +417,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 if c.name.lower() not in have:
                     # SQLite cannot add a NOT NULL column without a default: added columns
                     # are nullable on the target (the source's rows fill them).
-                    decl = DECLARED.get(c.type, "")
+                    decl = declared(c, schema)
                     self._conn.execute(
                         f"ALTER TABLE {quote_table(schema.table)} ADD COLUMN {quote(c.name)} {decl}"
                     )
@@ -416,14 +455,20 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
         written = 0
         if step.deletes.num_rows:
             key_idx = [names.index(k) for k in schema.primary_key]
-            where = " AND ".join(f"{quote(names[i])} IS ?" for i in key_idx)
-            cols = [_column_values(step.deletes, i, schema.columns[i]) for i in key_idx]
+            marks, cols = placed_params(
+                [_column_values(step.deletes, i, schema.columns[i]) for i in key_idx]
+            )
+            where = " AND ".join(
+                f"{quote(names[i])} IS {m}" for i, m in zip(key_idx, marks, strict=True)
+            )
             self._conn.executemany(f"DELETE FROM {table} WHERE {where}", _rows_of(cols))
             written += step.deletes.num_rows
         if step.upserts.num_rows:
-            cols = [_column_values(step.upserts, i, c) for i, c in enumerate(schema.columns)]
+            placed, cols = placed_params(
+                [_column_values(step.upserts, i, c) for i, c in enumerate(schema.columns)]
+            )
             collist = ", ".join(quote(n) for n in names)
-            marks = ", ".join("?" for _ in names)
+            row = ", ".join(placed)
             pk = ", ".join(quote(k) for k in schema.primary_key)
             rest = [n for n in names if n not in schema.primary_key]
             if rest:
@@ -431,13 +476,11 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 conflict = f"DO UPDATE SET {sets}"
             else:
                 conflict = "DO NOTHING"
-            upsert = (
-                f"INSERT INTO {table} ({collist}) VALUES ({marks}) ON CONFLICT ({pk}) {conflict}"
-            )
+            upsert = f"INSERT INTO {table} ({collist}) VALUES ({row}) ON CONFLICT ({pk}) {conflict}"
             try:
                 self._conn.executemany(upsert, _rows_of(cols))
             except sqlite3.IntegrityError as exc:  # name the row (a target-only constraint)
-                row = refused_row(
+                refused = refused_row(
                     self._conn,
                     schema.table,
                     upsert,
@@ -447,7 +490,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 )
                 raise WriterError(
                     f"SQLite target {self.path} refused the batch: {exc} (table "
-                    f"{schema.table!r}, {row}): a constraint the source does not have?"
+                    f"{schema.table!r}, {refused}): a constraint the source does not have?"
                 ) from exc
             written += step.upserts.num_rows
         return written
@@ -475,6 +518,25 @@ def _history_sql(schema: pb.TableSchema) -> tuple[str, str]:
     marks = ", ".join("?" for _ in names)
     insert = f"INSERT INTO {table} ({', '.join(quote(n) for n in names)}) VALUES ({marks})"
     return close, insert
+
+
+# TEXT that is not UTF-8 (common.values.RawText) can only be bound as a BLOB: a column
+# holding some in this batch binds (is raw text, value, value) and casts those back.
+_RAW_MARK = "CASE WHEN ? THEN CAST(? AS TEXT) ELSE ? END"
+
+
+def placed_params(columns: list[list[object]]) -> tuple[list[str], list[list[object]]]:
+    """The placeholder of each column and the parameter columns it binds."""
+    marks: list[str] = []
+    params: list[list[object]] = []
+    for cells in columns:
+        if any(isinstance(v, values.RawText) for v in cells):
+            marks.append(_RAW_MARK)
+            params += [[isinstance(v, values.RawText) for v in cells], cells, cells]
+        else:
+            marks.append("?")
+            params.append(cells)
+    return marks, params
 
 
 def _rows_of(columns: list[list[object]]) -> Iterable[tuple[object, ...]]:

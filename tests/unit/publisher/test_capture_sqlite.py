@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import decode
+from common.values import RawText, decode
 from publisher.capture.sqlite import SqliteCapture, parse_sql_literal
 from publisher.errors import SourceError
 
@@ -86,6 +86,48 @@ def test_install_snapshots_existing_rows_then_captures_changes(tmp_path: Path) -
         ),
         ("ROW_OP_INSERT", [], [3, "c", decimal.Decimal("7.00"), 2.5, None, False, None]),
         ("ROW_OP_DELETE", [3], []),
+    ]
+
+
+def test_text_with_nul_or_not_utf8_and_extreme_integers_are_captured_exactly(
+    tmp_path: Path,
+) -> None:
+    """TEXT holding a NUL (quote() stops at it), TEXT that is not UTF-8 (it stopped the
+    capture: "Could not decode to UTF-8"), and integers beyond 2^53, in triggers and in
+    the install copy, as keys and as values."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(k TEXT PRIMARY KEY, v)")
+    src.execute("INSERT INTO t VALUES (?, CAST(X'41FF' AS TEXT))", ("a\x00b",))
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    src.execute("INSERT INTO t VALUES (CAST(X'80' AS TEXT), 9007199254740993)")
+    src.execute("UPDATE t SET v = ? WHERE k = ?", ("x\x00", "a\x00b"))
+    entry, _ = cap.build_entry("p", cap.read(0), 0, cap.installed()["p"])
+    assert entry is not None
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], ["a\x00b", RawText(b"A\xff")]),
+        ("ROW_OP_INSERT", [], [RawText(b"\x80"), 2**53 + 1]),
+        ("ROW_OP_UPDATE", ["a\x00b"], ["a\x00b", "x\x00"]),
+    ]
+    assert entry.ops[1].row.row[1].WhichOneof("kind") == "text_bytes"
+
+
+def test_values_a_coercion_would_change_travel_as_stored(tmp_path: Path) -> None:
+    """In NUMERIC-affinity columns only lossless coercions happen: 'true', a timestamp
+    with a space, a real the scale would round and a number-like text stay as stored."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, f BOOLEAN, ts TIMESTAMP, d DECIMAL(10,2))")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    src.execute("INSERT INTO t VALUES (1, 'true', '2024-02-29 12:34:56', 12.345)")
+    src.execute("INSERT INTO t VALUES (2, 1, '2024-02-29T12:34:56', 'NaN')")
+    entry, _ = cap.build_entry("p", cap.read(0), 0, cap.installed()["p"])
+    assert entry is not None
+    import datetime as dt
+
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], [1, "true", "2024-02-29 12:34:56", 12.345]),
+        ("ROW_OP_INSERT", [], [2, True, dt.datetime(2024, 2, 29, 12, 34, 56), "NaN"]),
     ]
 
 
