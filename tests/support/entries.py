@@ -26,6 +26,36 @@ ITEMS = pb.TableSchema(
 )
 
 
+# One column of every logical type, keyed by the text column "k" (typed_schema).
+TYPED_COLUMNS = (
+    ("k", T.COLUMN_TYPE_TEXT),
+    ("i", T.COLUMN_TYPE_INTEGER),
+    ("d", T.COLUMN_TYPE_DECIMAL),
+    ("f", T.COLUMN_TYPE_FLOAT),
+    ("b", T.COLUMN_TYPE_BYTES),
+    ("bo", T.COLUMN_TYPE_BOOLEAN),
+    ("da", T.COLUMN_TYPE_DATE),
+    ("ti", T.COLUMN_TYPE_TIME),
+    ("ts", T.COLUMN_TYPE_TIMESTAMP),
+    ("tz", T.COLUMN_TYPE_TIMESTAMPTZ),
+    ("j", T.COLUMN_TYPE_JSON),
+)
+
+
+def typed_schema(table: str, only: tuple[str, ...] = ()) -> pb.TableSchema:
+    """``table`` with the columns of :data:`TYPED_COLUMNS` (``only``: those named, in
+    :data:`TYPED_COLUMNS` order), all nullable but the key ``k``."""
+    return pb.TableSchema(
+        table=table,
+        columns=[
+            col(name, ctype, nullable=name != "k")
+            for name, ctype in TYPED_COLUMNS
+            if not only or name in only
+        ],
+        primary_key=["k"],
+    )
+
+
 def schema_op(schema: pb.TableSchema) -> pb.Op:
     return pb.Op(schema=schema)
 

@@ -37,6 +37,7 @@ from tests.support.entries import (
     entry,
     ins,
     schema_op,
+    typed_schema,
     upd,
 )
 
@@ -281,19 +282,7 @@ def test_truncate_and_sql_are_barriers(applier: Applier, backend: Backend) -> No
 
 def test_portable_values_round_trip(applier: Applier, backend: Backend) -> None:
     """Values every dialect stores the same way come back exactly (incl. '' vs NULL)."""
-    schema = pb.TableSchema(
-        table="portable",
-        columns=[
-            col("k", T.COLUMN_TYPE_TEXT, nullable=False),
-            col("i", T.COLUMN_TYPE_INTEGER),
-            col("d", T.COLUMN_TYPE_DECIMAL),
-            col("f", T.COLUMN_TYPE_FLOAT),
-            col("b", T.COLUMN_TYPE_BYTES),
-            col("da", T.COLUMN_TYPE_DATE),
-            col("ts", T.COLUMN_TYPE_TIMESTAMP),
-        ],
-        primary_key=["k"],
-    )
+    schema = typed_schema("portable", only=("k", "i", "d", "f", "b", "da", "ts"))
     big = decimal.Decimal("12345678901234567890123456789012345678.000001")
     rows = [
         (

@@ -23,6 +23,7 @@ from tests.support.entries import (
     entry,
     ins,
     schema_op,
+    typed_schema,
     upd,
 )
 
@@ -195,23 +196,9 @@ def test_staging_tables_are_kept_per_shape_and_a_rollback_takes_them_away(
 
 
 def _typed(table: str) -> pb.TableSchema:
-    return pb.TableSchema(
-        table=table,
-        columns=[
-            col("k", T.COLUMN_TYPE_TEXT, nullable=False),
-            col("i", T.COLUMN_TYPE_INTEGER),
-            pb.Column(name="d", type=T.COLUMN_TYPE_DECIMAL, precision=12, scale=2, nullable=True),
-            col("f", T.COLUMN_TYPE_FLOAT),
-            col("b", T.COLUMN_TYPE_BYTES),
-            col("bo", T.COLUMN_TYPE_BOOLEAN),
-            col("da", T.COLUMN_TYPE_DATE),
-            col("ti", T.COLUMN_TYPE_TIME),
-            col("ts", T.COLUMN_TYPE_TIMESTAMP),
-            col("tz", T.COLUMN_TYPE_TIMESTAMPTZ),
-            col("j", T.COLUMN_TYPE_JSON),
-        ],
-        primary_key=["k"],
-    )
+    schema = typed_schema(table)
+    schema.columns[2].precision, schema.columns[2].scale = 12, 2  # numeric(12,2)
+    return schema
 
 
 def _typed_batches(table: str) -> list[list[pb.Entry]]:

@@ -18,7 +18,7 @@ import pytest
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import Applier
 from subscriber.targets.sqlite import SqliteWriter
-from tests.support.entries import INC, ITEMS, T, col, entry, ins, schema_op
+from tests.support.entries import INC, ITEMS, entry, ins, schema_op, typed_schema
 
 pytestmark = pytest.mark.spark
 
@@ -54,23 +54,7 @@ def test_schema_op_creates_table_and_records_schema(applier: Applier, target: Pa
 
 def test_typed_values_round_trip(applier: Applier, target: Path) -> None:
     """Every logical type is stored in its documented SQLite form, exactly."""
-    schema = pb.TableSchema(
-        table="typed",
-        columns=[
-            col("k", T.COLUMN_TYPE_TEXT, nullable=False),
-            col("i", T.COLUMN_TYPE_INTEGER),
-            col("d", T.COLUMN_TYPE_DECIMAL),
-            col("f", T.COLUMN_TYPE_FLOAT),
-            col("b", T.COLUMN_TYPE_BYTES),
-            col("bo", T.COLUMN_TYPE_BOOLEAN),
-            col("da", T.COLUMN_TYPE_DATE),
-            col("ti", T.COLUMN_TYPE_TIME),
-            col("ts", T.COLUMN_TYPE_TIMESTAMP),
-            col("tz", T.COLUMN_TYPE_TIMESTAMPTZ),
-            col("j", T.COLUMN_TYPE_JSON),
-        ],
-        primary_key=["k"],
-    )
+    schema = typed_schema("typed")
     tz = dt.timezone(dt.timedelta(hours=-5, minutes=-30))
     row = (
         "x",
