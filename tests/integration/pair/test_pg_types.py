@@ -73,7 +73,10 @@ def _settle(pair: Pair, src_dsn: str, dst_dsn: str, history: bool = False) -> No
     """Wait until the target equals the source (or the subscription stops in error)."""
 
     def done() -> bool:
-        return pair.status().state == "error" or not _differences(src_dsn, dst_dsn, history)
+        state = pair.status().state
+        if state == "error":
+            return True
+        return state == "in_sync" and not _differences(src_dsn, dst_dsn, history)
 
     try:
         wait_until(done, 180, "the target to equal the source", interval=0.5)
