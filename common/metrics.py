@@ -74,6 +74,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         (),
         "failed capture attempts since the last good one (health: NOT_SERVING from 3)",
     ),
+    "txrepl_capture_lock_waits": (
+        "counter",
+        (),
+        "SQLite source: times capture waited for another connection's write lock",
+    ),
     "txrepl_pg_slot_lag_bytes": (
         "gauge",
         ("publication", "slot"),

@@ -122,7 +122,9 @@ class PublisherCollector:
         failures.add_metric([], source.health.failures)
         in_a_row = metrics.gauge("txrepl_capture_failures_in_a_row")
         in_a_row.add_metric([], source.health.in_a_row)
-        yield from (failures, in_a_row)
+        waits = metrics.counter("txrepl_capture_lock_waits")
+        waits.add_metric([], source.health.lock_waits)
+        yield from (failures, in_a_row, waits)
         try:
             lag = source.slot_lag()
         except Exception as e:  # the source is down: the lag is unknown, not zero

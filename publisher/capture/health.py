@@ -39,6 +39,7 @@ class CaptureHealth:
         self.refused: Mapping[str, BaseException] = {} if refused is None else refused
         self.failures = 0  # all failed attempts since start (a counter)
         self.in_a_row = 0  # failed attempts since the last good one
+        self.lock_waits = 0  # times the source was locked by another writer (SQLite)
         self.last_error = ""  # of the latest failure, kept while failing
         self.last_ok = time.time()  # unix seconds of the latest good attempt
 

@@ -54,6 +54,7 @@ import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import structlog
@@ -61,7 +62,9 @@ import structlog
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
+from publisher.capture.health import CaptureHealth
 from publisher.capture.sqlite.exact import encode_stored
+from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
@@ -124,15 +127,21 @@ class CapturedRow:
 class SqliteCapture:
     """Installs capture on a SQLite source and turns captured rows into entries."""
 
-    def __init__(self, path: Path, *, busy_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, path: Path, *, busy_timeout_s: float = 30.0, health: CaptureHealth | None = None
+    ) -> None:
         self.path = path
+        self.busy_timeout_s = busy_timeout_s
+        self.health = health if health is not None else CaptureHealth()
+        # retries while locked (publisher/capture/sqlite/locks.py), counting the waits
+        self._waiting = partial(waiting, path=path, health=self.health, timeout_s=busy_timeout_s)
         if not path.exists():
             raise SourceError(f"SQLite source {path} does not exist")
         self._conn = sqlite3.connect(
-            str(path), isolation_level=None, check_same_thread=False, timeout=busy_timeout_s
+            str(path), isolation_level=None, check_same_thread=False, timeout=WAIT_SLICE_S
         )
         self._conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
-        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
+        self._conn.execute(f"PRAGMA busy_timeout = {int(WAIT_SLICE_S * 1000)}")
         self._conn.executescript(_SETUP)
         if "gen" not in {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}:
             self._conn.execute("ALTER TABLE _txrepl_capture ADD COLUMN gen INTEGER")
@@ -398,21 +407,30 @@ class SqliteCapture:
                 cur.close()  # the statement ends before the read transaction does
             return out
 
-        for _ in range(10):
+        def current() -> list[CapturedRow] | None:
             c.execute("BEGIN")
             try:
-                if self.schema_version() == self._schema_version:
-                    return fetch()
+                return fetch() if self.schema_version() == self._schema_version else None
             finally:
                 c.execute("COMMIT")
-            self.refresh()
+
+        for _ in range(10):
+            got = self._waiting(current)
+            if got is not None:
+                return got
+            self._waiting(self.refresh)
         # DDL faster than we can follow: the rows are still exact (their generation says
         # their shape); the next poll logs the change.
-        return fetch()
+        return self._waiting(fetch)
 
     def release(self, upto_id: int) -> None:
-        """Delete captured rows that every publication has durably logged."""
-        self._conn.execute("DELETE FROM _txrepl_capture WHERE id <= ?", (upto_id,))
+        """Delete captured rows that every publication has durably logged, in small batches."""
+        query = (
+            "DELETE FROM _txrepl_capture WHERE id IN (SELECT id FROM _txrepl_capture"
+            f" WHERE id <= ? ORDER BY id LIMIT {RELEASE_BATCH})"
+        )
+        while self._waiting(lambda: self._conn.execute(query, (upto_id,)).rowcount) > 0:
+            pass
 
     def max_id(self, conn: sqlite3.Connection | None = None) -> int:
         """The highest capture id ever handed out (rows may have been released since)."""

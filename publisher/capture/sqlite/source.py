@@ -83,7 +83,8 @@ class SqliteSource:
         poll_interval_s: float = 0.005,
         max_entry_bytes: int = SourceOptions.max_entry_bytes,
     ) -> None:
-        self.capture = SqliteCapture(path)
+        self.health = CaptureHealth()  # the streaming loop and the capture's lock waits
+        self.capture = SqliteCapture(path, health=self.health)
         self.poll_interval_s = poll_interval_s
         self.max_entry_bytes = max_entry_bytes
         # Publications whose capture stopped on a row it cannot carry (kept until a
@@ -93,7 +94,7 @@ class SqliteSource:
         self.pubs: list[Publication] | None = None  # set when streaming starts
         self._streaming = threading.Event()
         self._entries = 0
-        self.health = CaptureHealth(self.refused)  # the streaming loop reports into it
+        self.health.refused = self.refused
         self._unreleased = 0
         self._released_at = time.monotonic()
 
