@@ -60,12 +60,19 @@ unchanged.  The indexes are built under the swap's exclusive lock, so readers
 wait for them (rejected: building them on the shadow before the lock, which
 needs the definitions rewritten to the shadow's name).
 
-Limits: the old table is dropped, so views and foreign keys of other tables that
-depend on it make the swap fail (with PostgreSQL's message; the target is
-unchanged); columns the publisher does not send, the owner (the new table is the
-reinit role's), column grants, row security policies and publications/rules on it
-are not carried over.  The whole load is one transaction, which holds back
-VACUUM's horizon on the target while it runs.
+Foreign keys that reference an old table (:meth:`PgShadowLoader._unhook`): all
+are dropped before the old tables are, still in T; those of swapped tables come
+back with the carried items above, those of tables outside the swap are
+re-created (and validated against the new rows) after them.  Carried foreign keys
+run last, once every new table has its unique constraints (parents first).  A
+referencing row the new parent no longer has fails the reinit naming the key.
+
+Limits: the old table is dropped, so views that depend on it make the swap fail
+(with PostgreSQL's message; the target is unchanged); columns the publisher
+does not send, the owner (the new table is the reinit role's), column grants,
+row security policies and publications/rules on it are not carried over.  The
+whole load is one transaction, which holds back VACUUM's horizon on the target
+while it runs.
 """
 
 from __future__ import annotations
@@ -241,6 +248,8 @@ class PgShadowLoader:
                     cur, home, table, {c.name for c in self.schemas[table].columns}
                 )
             ]
+            carried.sort(key=lambda item: item[0].startswith("foreign key"))  # parents first
+            carried += self._unhook(cur, homes)
             for table, home in homes.items():
                 # The shadow is named by the wire text (unique); in its home it takes
                 # the table's own name (common/names.py).
@@ -273,7 +282,7 @@ class PgShadowLoader:
             cur.execute("COMMIT")
         except psycopg.errors.DependentObjectsStillExist as exc:
             raise self._error(
-                "the old tables cannot be replaced (a view or a foreign key depends on them)",
+                "the old tables cannot be replaced (a view depends on them)",
                 exc,
             ) from exc
         except psycopg.Error as exc:
@@ -299,14 +308,14 @@ class PgShadowLoader:
         assert row is not None
         old = row[0]
         cur.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint"
+            "SELECT conname, pg_get_constraintdef(oid), contype FROM pg_constraint"
             " WHERE conrelid = %s AND contype IN ('u', 'c', 'x', 'f') ORDER BY contype, conname",
             (old,),
         )
-        for name, definition in cur.fetchall():
+        for name, definition, kind in cur.fetchall():
             out.append(
                 (
-                    f"constraint {name!r} of {table!r}",
+                    f"{'foreign key' if kind == 'f' else 'constraint'} {name!r} of {table!r}",
                     sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
                         t, Q(name), sql.SQL(definition)
                     ),
@@ -399,6 +408,40 @@ class PgShadowLoader:
                     ),
                 )
             )
+        return out
+
+    def _unhook(
+        self, cur: psycopg.Cursor[Any], homes: dict[str, str]
+    ) -> list[tuple[str, sql.SQL | sql.Composed]]:
+        """Drop every foreign key that references an old table (so it can be dropped);
+        return the statements that re-create those of tables outside the swap (the
+        swapped tables' own are in ``_carried``), to run after it, still in T."""
+        olds = [
+            sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name)).as_string(cur)
+            for table, home in homes.items()
+            if self._exists(cur, home, table)
+        ]
+        cur.execute(
+            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid),"
+            " conrelid = ANY(%(olds)s::text[]::regclass[])"
+            " FROM pg_constraint WHERE contype = 'f'"
+            " AND confrelid = ANY(%(olds)s::text[]::regclass[]) ORDER BY 1, 2",
+            {"olds": olds},
+        )
+        out: list[tuple[str, sql.SQL | sql.Composed]] = []
+        for child, name, definition, swapped in cur.fetchall():
+            cur.execute(
+                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.SQL(child), Q(name))
+            )
+            if not swapped:
+                out.append(
+                    (
+                        f"foreign key {name!r} of {child!r}",
+                        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
+                            sql.SQL(child), Q(name), sql.SQL(definition)
+                        ),
+                    )
+                )
         return out
 
     def _lock_old(self, cur: psycopg.Cursor[Any], homes: dict[str, str]) -> None:

@@ -10,8 +10,12 @@ Atomicity argument:
 2. It is loaded into shadow tables ``txrepl_shadow__<table>`` on the target, in
    chunks, through Spark.  Readers see the old tables meanwhile; a kill at any
    point leaves them intact (the shadows are dropped and rebuilt by the next run).
-3. One target transaction then drops each old table, renames its shadow into
-   place, re-creates the indexes and triggers an operator made on the old table
+3. One target transaction then drops each old table and puts its shadow in
+   place: an old table with the same columns is re-created from its own
+   ``CREATE TABLE`` (UNIQUE, CHECK, REFERENCES written inside it survive; a row
+   they refuse fails the swap) and the shadow's rows copied in; a new table or
+   one whose columns changed gets the shadow renamed.  It then re-creates the
+   indexes and triggers an operator made on the old table
    (their SQL from ``sqlite_master``; one that fails, say on a column the
    publisher does not send, fails the swap, which rolls back), replaces the
    subscription's recorded schemas and sets its level to S with the snapshot's
@@ -96,6 +100,7 @@ class SqliteSnapshotLoader:
         self.subscription = subscription
         self.schemas: dict[str, pb.TableSchema] = {}
         self.conn = sqlite3.connect(str(path), isolation_level=None, timeout=60)
+        self.conn.execute("PRAGMA foreign_keys=OFF")  # the swap drops referenced tables
 
     def begin(self, start: pb.SnapshotStart) -> None:
         for t in start.tables:
@@ -153,8 +158,7 @@ def _swap(
             list(tables),
         ).fetchall()
         for table in tables:
-            conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
-            conn.execute(f"ALTER TABLE {quote(SHADOW_PREFIX + table)} RENAME TO {quote(table)}")
+            _replace(conn, table)
         for kind, name, table, statement in carried:
             try:
                 conn.execute(statement)
@@ -169,3 +173,34 @@ def _swap(
     except BaseException:
         conn.execute("ROLLBACK")
         raise
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
+    return [r[1] for r in conn.execute(f"PRAGMA table_info({quote(table)})")]
+
+
+def _replace(conn: sqlite3.Connection, table: str) -> None:
+    """Put the shadow of ``table`` in its place.  An old table with the same columns
+    keeps its own definition (UNIQUE, CHECK, REFERENCES, collations written in its
+    CREATE TABLE): it is re-created from that SQL and the rows copied in; otherwise
+    (a new table, or its columns changed) the shadow is renamed into place."""
+    shadow = quote(SHADOW_PREFIX + table)
+    found = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    cols = _columns(conn, SHADOW_PREFIX + table)
+    keep = found is not None and found[0] is not None and _columns(conn, table) == cols
+    conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
+    if not keep:
+        conn.execute(f"ALTER TABLE {shadow} RENAME TO {quote(table)}")
+        return
+    names = ", ".join(quote(c) for c in cols)
+    try:
+        conn.execute(found[0])
+        conn.execute(f"INSERT INTO {quote(table)} ({names}) SELECT {names} FROM {shadow}")
+    except sqlite3.Error as exc:
+        raise SnapshotError(
+            f"cannot keep the definition of {table!r} (its constraints) for the new rows:"
+            f" {exc}; change the table's definition, then run the reinit again"
+        ) from exc
+    conn.execute(f"DROP TABLE {shadow}")
