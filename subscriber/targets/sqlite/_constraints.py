@@ -21,8 +21,8 @@ from subscriber.apply.errors import WriterError
 __all__ = ["SqliteOrderedTables"]
 
 
-def _quote(table: str) -> str:
-    """The SQLite name of wire table ``table`` (``schema.name`` is one flat name)."""
+def _table(table: str) -> str:
+    """The SQLite name of wire table ``table``, quoted (``schema.name`` is one flat name)."""
     return quote_ident(parse_table(table).flat)
 
 
@@ -41,7 +41,7 @@ class SqliteOrderedTables:
                     if any(
                         unique and origin != "pk"
                         for _, _, unique, origin, _ in self._conn.execute(
-                            f"PRAGMA index_list({_quote(t)})"
+                            f"PRAGMA index_list({_table(t)})"
                         )
                     )
                 )
@@ -83,15 +83,15 @@ def _describe(conn: sqlite3.Connection, table: str, row: dict[str, object], key:
         return f"({', '.join(cols)})=({values})"
 
     out = [f"key {pairs(key)}"]
-    for _, index, unique, origin, _ in conn.execute(f"PRAGMA index_list({_quote(table)})"):
-        cols = [r[2] for r in conn.execute(f"PRAGMA index_info({_quote(index)})")]
+    for _, index, unique, origin, _ in conn.execute(f"PRAGMA index_list({_table(table)})"):
+        cols = [r[2] for r in conn.execute(f"PRAGMA index_info({quote_ident(index)})")]
         if not unique or origin == "pk" or None in cols or any(row.get(c) is None for c in cols):
             continue
-        match = " AND ".join(f"{_quote(c)} IS ?" for c in cols)
-        other = " OR ".join(f"{_quote(k)} IS NOT ?" for k in key)
+        match = " AND ".join(f"{quote_ident(c)} IS ?" for c in cols)
+        other = " OR ".join(f"{quote_ident(k)} IS NOT ?" for k in key)
         args = [row[c] for c in cols] + [row[k] for k in key]
         if conn.execute(
-            f"SELECT 1 FROM {_quote(table)} WHERE {match} AND ({other})", args
+            f"SELECT 1 FROM {_table(table)} WHERE {match} AND ({other})", args
         ).fetchone():
             out.append(f"index {index} {pairs(cols)}")
     return ", ".join(out)
