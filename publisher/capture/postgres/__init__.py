@@ -46,7 +46,9 @@ and table: the log incarnation, the LSN of the table's snapshot, the schema last
   fact).  ``C`` is recorded in ``_txrepl.installs`` first; then, when the main stream
   reaches ``C`` (the first transaction with commit LSN ``>= C``, or a keepalive at or
   past ``C``), the table's schema op, a TRUNCATE, and its rows read under the exported
-  snapshot are appended (entries of ``snapshot_chunk_rows`` rows; positions ``C - 2``
+  snapshot are appended (entries of at most ``snapshot_chunk_rows`` rows and
+  ``max_entry_bytes`` bytes; a single row over that refuses the publication as a
+  streamed one does, the table staying incomplete; positions ``C - 2``
   for all but the last, ``C - 1`` for the last), and only from then on are the table's
   streamed changes logged.  A snapshot is complete iff the publication's position is
   ``>= C - 1`` (WAL records start on 8-byte boundaries, so no commit has LSN ``C - 1``

@@ -294,16 +294,11 @@ class Session:
         assert txn is not None
         name, limit = ps.pub.name, self.cap.max_entry_bytes
         if size > limit:
-            exc = RowTooLarge(
-                publication=name, table=rc.table, key=key_text(rc, key_idx), size=size, limit=limit
-            )
-            self.cap.refused[name] = exc
-            self.hold = self.confirmable if self.hold is None else min(self.hold, self.confirmable)
+            self._refuse(name, rc, key_idx, size)
             txn.ops.pop(name, None)
             group = txn.groups.pop(name, None)
             if group is not None:
                 group.abort()
-            log.error("capture refused", publication=name, table=rc.table, error=str(exc))
             return False
         held = txn.sizes.setdefault(name, 0)
         if held and held + size > limit:
@@ -316,6 +311,16 @@ class Session:
             group.add(entry, ps.pub.position)
             self.touched.add(name)
         return True
+
+    def _refuse(self, name: str, rc: pb.RowChange, key_idx: Sequence[int], size: int) -> None:
+        """A row change of ``size`` bytes fits in no entry: publication ``name`` stops here."""
+        limit = self.cap.max_entry_bytes
+        exc = RowTooLarge(
+            publication=name, table=rc.table, key=key_text(rc, key_idx), size=size, limit=limit
+        )
+        self.cap.refused[name] = exc
+        self.hold = self.confirmable if self.hold is None else min(self.hold, self.confirmable)
+        log.error("capture refused", publication=name, table=rc.table, error=str(exc))
 
     def _fill_unchanged(
         self, r: RelState, new: tuple[Datum, ...], old: tuple[Datum, ...] | None
@@ -402,6 +407,8 @@ class Session:
         for pubname, tables in pending.tables.items():
             ps = self.state[pubname]
             for i, t in enumerate(tables):
+                if pubname in self.cap.refused:
+                    break  # refused while logging: the rest waits for the restart too
                 last_table = i == len(tables) - 1
                 try:
                     self._log_snapshot(ps, ps.tables[t], pending, last_table)
@@ -431,16 +438,25 @@ class Session:
             entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
             entry.ops.append(pb.Op(schema=shape.schema))
             entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
+            size, limit = entry.ByteSize(), self.cap.max_entry_bytes
             for _, chunk in it:
                 for row in chunk:
-                    if len(entry.ops) >= self.cap.snapshot_chunk_rows:
+                    rc = pb.RowChange(table=display, op=pb.ROW_OP_INSERT)
+                    rc.row.extend(to_value(d, i) for d, i in zip(row, shape.infos, strict=True))
+                    op = pb.Op(row=rc)
+                    n = op.ByteSize() + 6  # with its tag and length in the entry
+                    if n > limit:
+                        # the table stays incomplete: a restart with a larger limit retakes it
+                        self._refuse(pub.name, rc, shape.key_idx, n)
+                        return
+                    if len(entry.ops) >= self.cap.snapshot_chunk_rows or size + n > limit:
                         # not the last entry: a crash now leaves the snapshot incomplete
                         pub.append(entry, position=pending.lsn - 2)
                         self.cap.entries += 1
                         entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
-                    rc = pb.RowChange(table=display, op=pb.ROW_OP_INSERT)
-                    rc.row.extend(to_value(d, i) for d, i in zip(row, shape.infos, strict=True))
-                    entry.ops.append(pb.Op(row=rc))
+                        size = 0
+                    entry.ops.append(op)
+                    size += n
                 rows += len(chunk)
         pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
         self.cap.entries += 1

@@ -124,6 +124,7 @@ def test_capture_killed_inside_a_transaction_loses_and_doubles_nothing(
     try:
         assert child.stderr is not None
         assert child.stderr.readline().strip() == "running"
+        _wait_installed(pg_db)  # else the rows may land in the install snapshot instead
         _big_transaction(pg_db, 1, 20_000)
         segments = tmp_path / "p1"
         deadline = time.monotonic() + 60
@@ -143,6 +144,61 @@ def test_capture_killed_inside_a_transaction_loses_and_doubles_nothing(
             assert time.monotonic() < deadline, "capture did not catch up"
             time.sleep(0.1)
     assert _applied_ids(read_entries(pub)) == [*range(1, 20_001), 0]
+
+
+def test_install_snapshot_entries_are_bounded_and_a_huge_row_refused(
+    pg_db: str, tmp_path: Path
+) -> None:
+    """Rows present at install are logged in entries under the limit; one over it is refused."""
+    execute(
+        pg_db,
+        "CREATE TABLE docs(id int PRIMARY KEY, body text)",
+        "CREATE TABLE notes(id int PRIMARY KEY, body text)",
+    )
+    _big_transaction(pg_db, 1, 2000)
+    execute(pg_db, "INSERT INTO notes SELECT g, repeat('z', 40000) FROM generate_series(1, 3) g")
+    docs = open_pub(tmp_path, "p_docs", ["docs"])
+    notes = open_pub(tmp_path, "p_notes", ["notes"])
+    with capturing(pg_db, [docs], max_entry_bytes=LIMIT):
+        pass
+    payloads = docs.log.read(1, max_entries=10_000, max_bytes=1 << 30)
+    assert len(payloads) > 10
+    assert max(map(len, payloads)) <= LIMIT
+    assert _ids([pb.Entry.FromString(p) for p in payloads]) == list(range(1, 2001))
+    cap = PostgresCapture(pg_db, slot="refusing", max_entry_bytes=LIMIT)
+    try:
+        cap.check()
+        cap.install(notes.name, notes.log.incarnation, notes.config.tables)
+        stop = threading.Event()
+        runner = threading.Thread(target=cap.run, args=([notes], stop), daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 60
+        while "p_notes" not in cap.refused:
+            assert time.monotonic() < deadline, "the 40 KB row was not refused"
+            time.sleep(0.05)
+        stop.set()
+        runner.join(30)
+    finally:
+        cap.close()
+    assert "'notes'" in str(cap.refused["p_notes"])
+    assert "(1)" in str(cap.refused["p_notes"])
+    with psycopg.connect(pg_db) as conn:
+        done = conn.execute(
+            "SELECT done FROM _txrepl.installs WHERE publication = 'p_notes'"
+        ).fetchone()
+    assert done == (False,)  # a restart with a larger limit takes the snapshot again
+
+
+def _wait_installed(dsn: str) -> None:
+    """Until every installed table's snapshot is logged (``_txrepl.installs.done``)."""
+    deadline = time.monotonic() + 60
+    while True:
+        with psycopg.connect(dsn) as conn:
+            row = conn.execute("SELECT bool_and(done) FROM _txrepl.installs").fetchone()
+        if row and row[0]:
+            return
+        assert time.monotonic() < deadline, "the install snapshot was not logged"
+        time.sleep(0.02)
 
 
 def _child(dsn: str, logs: Path) -> None:
