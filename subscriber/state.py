@@ -101,6 +101,9 @@ class SubscriptionState:
         # A transition, not every batch applied at the head: the timeline keeps the
         # last 100 changes, and a busy in-sync feed would flush everything else out.
         if self.state != "in_sync":
+            # Recovered: status no longer shows the error beside in_sync (the
+            # timeline keeps it, with the time it happened).
+            self.last_error = ""
             self.set("in_sync", f"head {self.in_sync_head}")
 
     def status(self, publisher: str, publication: str) -> pb.SubscriptionStatus:
