@@ -24,12 +24,15 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(PY) deploy/demo/demo.py
 
-## test: the whole suite (unit, integration, chaos; slow ones included)
+## test: the whole suite (unit, integration, chaos; slow ones included), in
+## TEST_WORKERS processes (pytest-xdist; each has its own PostgreSQL and Spark):
+## the tests mostly wait on daemons, so two workers fit a 2-core machine.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed
-	$(PY) -m pytest -m "slow or not slow" --durations=25 tests
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "slow or not slow" --durations=25 tests
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -m "not slow" tests
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" tests
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
