@@ -23,6 +23,8 @@ from typing import Any
 __all__ = ["COLUMNS", "KEYED_COLUMNS", "SCHEMA", "TypedWorkload", "schema_sql", "table_text"]
 
 TYPES = """
+CREATE EXTENSION IF NOT EXISTS citext;
+CREATE EXTENSION IF NOT EXISTS hstore;
 CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy', 'it''s "complicated"');
 CREATE DOMAIN posint AS integer CHECK (VALUE > 0);
 CREATE DOMAIN short_text AS varchar(10);
@@ -157,6 +159,10 @@ COLUMNS: list[tuple[str, str, Gen]] = [
     ("c_circle", "circle", _pick("<(0,0),1.5>", None)),
     ("c_regclass", "regclass", _pick("pg_class", "pg_type", None)),
     ("c_lsn", "pg_lsn", _pick("0/0", "FFFFFFFF/FFFFFFFF", None)),
+    # extension types (contrib): OIDs assigned at CREATE EXTENSION, so they differ
+    # between source and target
+    ("c_citext", "citext", _pick("MiXeD Case", "", "é€", None)),
+    ("c_hstore", "hstore", _pick('"a"=>"1", "b c"=>NULL, "q\\"x"=>"y"', "", None)),
 ]
 
 KEYED_COLUMNS: list[tuple[str, str, Gen]] = [
