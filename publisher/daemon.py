@@ -58,6 +58,7 @@ from publisher.config import PublisherConfig
 from publisher.errors import FeedRefused, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
+from publisher.node import claim_source_node
 from publisher.publication import Publication
 from publisher.registry import Registry
 from publisher.retention import retention_loop
@@ -237,10 +238,12 @@ class Publisher:
         self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.health = HealthBoard()
+        self.node = ""  # the source's node name (common/origin.py), known once open
 
     def open(self) -> None:
         cfg = self.config
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.node = claim_source_node(cfg.source_url, cfg.node, cfg.server_name)
         for pc in cfg.publication:
             plog = open_log(
                 self.data_dir / "publications" / pc.name,
@@ -248,7 +251,7 @@ class Publisher:
                 fsync_interval_ms=cfg.log.fsync_interval_ms,
                 segment_bytes=cfg.log.segment_bytes,
             )
-            self.publications[pc.name] = Publication(pc, plog)
+            self.publications[pc.name] = Publication(pc, plog, node=self.node)
         self.registry = MeteredRegistry(
             cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
         )
@@ -348,6 +351,7 @@ class Publisher:
         cfg = self.config
         return {
             "server": cfg.server_name,
+            "node": self.node,
             "listen": address,
             "tls": cfg.tls.enabled,
             "mutual_tls": bool(cfg.tls.client_ca_file),

@@ -1,0 +1,48 @@
+"""The source as a node: its name recorded in it, the origin of its own changes.
+
+``common/origin.py`` has the rules; this is the publisher's half of R1: at start the
+daemon records (or reads back) the source's node name in ``txrepl_node``, in one
+short transaction of its own, before any capture is installed.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from common.dburl import DatabaseUrl
+from common.origin import claim_node, ensure_applying
+from publisher.errors import SourceError
+
+__all__ = ["claim_source_node"]
+
+
+def claim_source_node(url: DatabaseUrl, configured: str, default: str) -> str:
+    """The source's node name, recorded in it if it had none (NodeMismatchError if
+    ``configured`` disagrees with the recorded one)."""
+    if url.dialect == "sqlite":
+        if not url.sqlite_path.exists():
+            raise SourceError(f"SQLite source {url.sqlite_path} does not exist")
+        conn = sqlite3.connect(url.sqlite_path, isolation_level=None, timeout=30)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                ensure_applying(conn)  # the capture triggers read it (R2)
+                name = claim_node(conn, "sqlite", configured, default)
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            return name
+        except sqlite3.Error as exc:
+            raise SourceError(f"cannot record the node of {url.sqlite_path}: {exc}") from exc
+        finally:
+            conn.close()
+    import psycopg  # deferred: only for a PostgreSQL source
+
+    try:
+        with psycopg.connect(url.raw, connect_timeout=10) as pg, pg.transaction():
+            pg.execute("SELECT pg_advisory_xact_lock(hashtext('txrepl node'))")
+            return claim_node(pg, "postgresql", configured, default)
+    except psycopg.Error as exc:
+        where = url.raw.rsplit("@", 1)[-1]
+        raise SourceError(f"cannot record the node of PostgreSQL source {where}: {exc}") from exc
