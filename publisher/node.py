@@ -10,15 +10,22 @@ from __future__ import annotations
 import sqlite3
 
 from common.dburl import DatabaseUrl
-from common.origin import claim_node, ensure_applying
+from common.origin import NodeMismatchError, claim_node
 from publisher.errors import SourceError
 
 __all__ = ["claim_source_node"]
 
 
 def claim_source_node(url: DatabaseUrl, configured: str, default: str) -> str:
-    """The source's node name, recorded in it if it had none (NodeMismatchError if
-    ``configured`` disagrees with the recorded one)."""
+    """The source's node name, recorded in it if it had none (SourceError, changing
+    nothing, if ``configured`` disagrees with the recorded one)."""
+    try:
+        return _claim(url, configured, default)
+    except NodeMismatchError as exc:
+        raise SourceError(f"source {url.raw.rsplit('@', 1)[-1]}: {exc}") from None
+
+
+def _claim(url: DatabaseUrl, configured: str, default: str) -> str:
     if url.dialect == "sqlite":
         if not url.sqlite_path.exists():
             raise SourceError(f"SQLite source {url.sqlite_path} does not exist")
@@ -26,7 +33,6 @@ def claim_source_node(url: DatabaseUrl, configured: str, default: str) -> str:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                ensure_applying(conn)  # the capture triggers read it (R2)
                 name = claim_node(conn, "sqlite", configured, default)
                 conn.execute("COMMIT")
             except BaseException:

@@ -166,6 +166,34 @@ def test_postgres_pair_converges_without_echo(tmp_path: Path, pg_server) -> None
     _pair(a, b, writers, rows)
 
 
+@pytest.mark.postgres
+def test_mixed_pair_converges_without_echo(tmp_path: Path, pg_server) -> None:
+    """SQLite ⇄ PostgreSQL: each side tags what it applies its own way, and the other
+    side's capture reads it back."""
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    db = tmp_path / "a" / "node.db"
+    with sqlite3.connect(db) as conn:
+        conn.execute(TABLE)
+    dsn = pg_server.create_database()
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute(TABLE.replace("INTEGER", "bigint"))
+    a = Node("a", tmp_path / "a", f"sqlite:///{db}", ["items"])
+    b = Node("b", tmp_path / "b", dsn, ["items"])
+
+    def rows(n: Node) -> object:
+        if n is a:
+            return sqlite_rows(db, "items")
+        with psycopg.connect(dsn) as conn:
+            return conn.execute("SELECT * FROM items ORDER BY 1").fetchall()
+
+    writers = (
+        lambda: _workload(_sqlite_writer(db), "a", range(1, 60, 2)),
+        lambda: _workload(_pg_writer(dsn), "b", range(2, 60, 2)),
+    )
+    _pair(a, b, writers, rows)
+
+
 def test_sqlite_chain_carries_changes_on(tmp_path: Path) -> None:
     """A → B → C (B's target published on to C): C gets A's changes and B's own, and
     B's log carries A's under A's name."""
