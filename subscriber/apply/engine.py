@@ -141,6 +141,7 @@ class Planned:
     rows: int
     seconds: float
     error: BaseException | None = None
+    node: str = ""  # the target's node it was planned with (own entries left out: _origin.py)
 
 
 class Applier(Planning, Pieces):
@@ -253,8 +254,9 @@ class Applier(Planning, Pieces):
         :meth:`apply` writes in another; at most one ``plan`` at a time.
         """
         started = time.perf_counter()
-        if self._node:  # as apply() will (_origin.py); the node as apply last read it
-            entries = by_origin(entries, self._node)[0]
+        node = self._node  # as apply() last read it; a plan made with another is dropped
+        if node:  # as apply() will (_origin.py)
+            entries = by_origin(entries, node)[0]
         base = after.schemas if after is not None else self.state.schemas
         schemas = dict(base)
         if after is not None and after.error is not None:
@@ -268,9 +270,8 @@ class Applier(Planning, Pieces):
             return Planned(
                 first_seq, len(entries), base, schemas, None, 0, time.perf_counter() - started, exc
             )
-        return Planned(
-            first_seq, len(entries), base, schemas, steps, rows, time.perf_counter() - started
-        )
+        took = time.perf_counter() - started
+        return Planned(first_seq, len(entries), base, schemas, steps, rows, took, node=node)
 
     def apply(
         self,
@@ -325,6 +326,7 @@ class Applier(Planning, Pieces):
             and planned.first_seq == first_seq
             and planned.count == len(entries)
             and planned.base is state.schemas
+            and planned.node == self._node
         )
         rows, written, skipped = self._apply_or_narrow(
             first_seq, entries, incarnation, None, planned if ahead else None
