@@ -15,12 +15,16 @@ The row image is read back from the table by primary key, in a scalar subquery
 whose column names are *unqualified*, inside a query over a one-row fallback
 table ``_txrepl_fb_<t>`` that has one column per column of ``t``::
 
-    INSERT INTO _txrepl_capture(tbl, op, k, v, gen)
+    INSERT INTO _txrepl_capture(tbl, op, k, v, gen, origin)
       SELECT 't', 'I', NULL,
              (SELECT json_array(quote("id"), quote("a"), quote("c"))
                 FROM "t" WHERE "t"."id" IS NEW."id"),
-             17
+             17, (SELECT origin FROM txrepl_applying)
         FROM "_txrepl_fb_t";
+
+(``origin``: NULL for the application's writes, the origin txrepl's apply is
+writing otherwise: common/origin.py, R2; an installation whose triggers predate
+it gets them rebuilt, same generation, when the publisher starts.)
 
 SQLite resolves an unqualified name in the innermost scope that has it: while
 ``t`` has ``c``, ``c`` is ``t.c`` (the AFTER trigger sees the row as written);
