@@ -96,24 +96,28 @@ def _settle(nodes: list[Node], rows: Callable[[Node], object], same: list[Node])
 
 
 def _pair(a: Node, b: Node, writers: tuple[Callable[[], int], Callable[[], int]],
-          rows: Callable[[Node], object]) -> None:  # fmt: skip
-    """Run A ⇄ B with both writing at once; check convergence and the logs."""
+          rows: Callable[[Node], object], tail: Node | None = None) -> None:  # fmt: skip
+    """Run A ⇄ B (and B → ``tail``, a chain) with A and B writing at once; check
+    convergence and the logs."""
+    nodes = [a, b] if tail is None else [a, b, tail]
     try:
         a.start_publisher()
         b.start_publisher()
-        _concurrently(lambda: _started(a.start_subscriber([b])),
-                      lambda: _started(b.start_subscriber([a])))  # fmt: skip
+        ups = {a.name: [b], b.name: [a]} | ({tail.name: [b]} if tail else {})
+        _concurrently(*[
+            lambda n=n: _started(n.start_subscriber(ups[n.name])) for n in nodes
+        ])  # fmt: skip
         # The install snapshots applied first (on PostgreSQL one truncates the table):
         # docs/topologies.md, "Setting up a pair".
-        wait_until(lambda: caught_up([a, b]), 90, "the install snapshots", interval=0.1)
+        wait_until(lambda: caught_up(nodes), 90, "the install snapshots", interval=0.1)
         made_a, made_b = _concurrently(*writers)
-        _settle([a, b], rows, [a, b])
+        _settle(nodes, rows, nodes)
         expected = rows(a)
         assert isinstance(expected, list)
         assert len(expected) > 20
     finally:
-        a.stop()
-        b.stop()
+        for n in nodes:
+            n.stop()
     log_a, log_b = row_ops_by_origin(a.logged()), row_ops_by_origin(b.logged())
     # Each log holds its own node's changes exactly once, none came back to it...
     assert log_a["a"] == made_a, log_a
@@ -125,22 +129,24 @@ def _pair(a: Node, b: Node, writers: tuple[Callable[[], int], Callable[[], int]]
     assert set(log_a) == set(log_b) == {"a", "b"}
 
 
-def test_sqlite_pair_converges_without_echo(tmp_path: Path) -> None:
-    """SQLite ⇄ SQLite, both sides writing disjoint rows at once: equal rows, and no
-    change replicated back to the node it was made on."""
+def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
+    """SQLite ⇄ SQLite, both sides writing disjoint rows at once, and B published on to
+    C (a chain): all three hold the same rows (C has A's through B), and no change was
+    replicated back to the node it was made on."""
     nodes = []
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
         db = tmp_path / name / "node.db"
         with sqlite3.connect(db) as conn:
             conn.execute(TABLE)
         nodes.append(Node(name, tmp_path / name, f"sqlite:///{db}", ["items"]))
-    a, b = nodes
+    a, b, c = nodes
     writers = (
         lambda: _workload(_sqlite_writer(tmp_path / "a" / "node.db"), "a", range(1, 60, 2)),
         lambda: _workload(_sqlite_writer(tmp_path / "b" / "node.db"), "b", range(2, 60, 2)),
     )
-    _pair(a, b, writers, lambda n: sqlite_rows(n.workdir / "node.db", "items"))
+    _pair(a, b, writers, lambda n: sqlite_rows(n.workdir / "node.db", "items"), tail=c)
+    assert {r[2] for r in sqlite_rows(c.workdir / "node.db", "items")} == {"a", "b"}
 
 
 @pytest.mark.postgres
@@ -192,34 +198,3 @@ def test_mixed_pair_converges_without_echo(tmp_path: Path, pg_server) -> None:
         lambda: _workload(_pg_writer(dsn), "b", range(2, 60, 2)),
     )
     _pair(a, b, writers, rows)
-
-
-def test_sqlite_chain_carries_changes_on(tmp_path: Path) -> None:
-    """A → B → C (B's target published on to C): C gets A's changes and B's own, and
-    B's log carries A's under A's name."""
-    nodes = []
-    for name in ("a", "b", "c"):
-        (tmp_path / name).mkdir()
-        db = tmp_path / name / "node.db"
-        with sqlite3.connect(db) as conn:
-            conn.execute(TABLE)
-        nodes.append(Node(name, tmp_path / name, f"sqlite:///{db}", ["items"]))
-    a, b, c = nodes
-    try:
-        a.start_publisher()
-        b.start_publisher()
-        _concurrently(lambda: _started(b.start_subscriber([a])),
-                      lambda: _started(c.start_subscriber([b])))  # fmt: skip
-        wait_until(lambda: caught_up(nodes), 90, "the install snapshots", interval=0.1)
-        made_a, made_b = _concurrently(
-            lambda: _workload(_sqlite_writer(tmp_path / "a" / "node.db"), "a", range(1, 40, 2)),
-            lambda: _workload(_sqlite_writer(tmp_path / "b" / "node.db"), "b", range(2, 40, 2)),
-        )
-        _settle(nodes, lambda n: sqlite_rows(n.workdir / "node.db", "items"), [b, c])
-        assert {r[2] for r in sqlite_rows(c.workdir / "node.db", "items")} == {"a", "b"}
-    finally:
-        for n in nodes:
-            n.stop()
-    log_b = row_ops_by_origin(b.logged())
-    assert log_b["b"] == made_b, log_b
-    assert 0 < log_b["a"] <= made_a, log_b
