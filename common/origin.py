@@ -106,11 +106,14 @@ def stored_node(conn: Any, dialect: str) -> str:
     return str(row[0]) if row else ""
 
 
-def claim_node(conn: Any, dialect: str, configured: str, default: str) -> str:
+def claim_node(
+    conn: Any, dialect: str, configured: str, default: str, *, record: bool = True
+) -> str:
     """Record the node ``conn``'s database is (in the caller's transaction); its name.
 
     ``configured``: the name set in the config ("" if none); ``default``: the name
-    to record when none is configured and none is recorded yet.
+    to record when none is configured and none is recorded yet.  ``record=False``:
+    only check (NodeMismatchError), writing nothing.
     """
     stored = stored_node(conn, dialect)
     if stored:
@@ -122,6 +125,8 @@ def claim_node(conn: Any, dialect: str, configured: str, default: str) -> str:
             )
         return stored
     name = check_node(configured or default)
+    if not record:
+        return name
     conn.execute(
         f"CREATE TABLE IF NOT EXISTS {NODE_TABLE} "
         "(id INTEGER PRIMARY KEY CHECK (id = 1), node TEXT NOT NULL)"

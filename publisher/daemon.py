@@ -243,7 +243,8 @@ class Publisher:
     def open(self) -> None:
         cfg = self.config
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.node = claim_source_node(cfg.source_url, cfg.node, cfg.server_name)
+        # A node that disagrees with the recorded one is refused before anything is made.
+        claim_source_node(cfg.source_url, cfg.node, cfg.server_name, record=False)
         for pc in cfg.publication:
             plog = open_log(
                 self.data_dir / "publications" / pc.name,
@@ -251,7 +252,7 @@ class Publisher:
                 fsync_interval_ms=cfg.log.fsync_interval_ms,
                 segment_bytes=cfg.log.segment_bytes,
             )
-            self.publications[pc.name] = Publication(pc, plog, node=self.node)
+            self.publications[pc.name] = Publication(pc, plog)
         self.registry = MeteredRegistry(
             cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
         )
@@ -262,6 +263,9 @@ class Publisher:
             max_entry_bytes=cfg.max_entry_bytes,
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
+        self.node = claim_source_node(cfg.source_url, cfg.node, cfg.server_name)
+        for pub in self.publications.values():
+            pub.node = self.node  # the origin of the source's own changes (common/origin.py)
         for pub in self.publications.values():
             self._install(pub)
 
