@@ -3,6 +3,8 @@
 Example::
 
     server_name = "pub1"
+    node = "paris"                      # the source as a node (origins, docs/topologies.md);
+                                        # default: server_name, or the name already recorded
     listen = "127.0.0.1:7400"
     data_dir = "var/publisher"          # publication logs and the registry
     source = "sqlite:///var/source.db"  # or postgresql://user@host:port/db
@@ -52,6 +54,7 @@ from typing import Literal
 from common.config import load_toml, parse_address
 from common.dburl import DatabaseUrl
 from common.names import parse_table
+from common.origin import check_node
 from common.security import ServerTls, check_hash, check_listen
 
 __all__ = [
@@ -192,6 +195,9 @@ class PublisherConfig:
     slot: str = ""  # PostgreSQL source: replication slot name; default txrepl_<server_name>
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL logical decoding plugin
     registry_url: str = ""  # SQLAlchemy URL; default sqlite:///<data_dir>/registry.db
+    # The source's node name, recorded in it (txrepl_node) and carried as the origin of
+    # its own changes (common/origin.py); default: the recorded one, else server_name.
+    node: str = ""
     publication: list[PublicationConfig] = dataclasses.field(default_factory=list)
     log: LogSettings = dataclasses.field(default_factory=LogSettings)
     metrics_listen: str = "127.0.0.1:9464"
@@ -203,6 +209,8 @@ class PublisherConfig:
 
     def __post_init__(self) -> None:
         _check_name("server_name", self.server_name)
+        if self.node:
+            check_node(self.node)
         parse_address(self.listen, field="listen")
         _ = self.source_url  # parsed (once) here: a ValueError names the field
         names = [p.name for p in self.publication]

@@ -58,6 +58,7 @@ from publisher.config import PublisherConfig
 from publisher.errors import FeedRefused, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
+from publisher.node import claim_source_node
 from publisher.publication import Publication
 from publisher.registry import Registry
 from publisher.retention import retention_loop
@@ -237,10 +238,13 @@ class Publisher:
         self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.health = HealthBoard()
+        self.node = ""  # the source's node name (common/origin.py), known once open
 
     def open(self) -> None:
         cfg = self.config
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # A node that disagrees with the recorded one is refused before anything is made.
+        claim_source_node(cfg.source_url, cfg.node, cfg.server_name, record=False)
         for pc in cfg.publication:
             plog = open_log(
                 self.data_dir / "publications" / pc.name,
@@ -259,6 +263,9 @@ class Publisher:
             max_entry_bytes=cfg.max_entry_bytes,
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
+        self.node = claim_source_node(cfg.source_url, cfg.node, cfg.server_name)
+        for pub in self.publications.values():
+            pub.node = self.node  # the origin of the source's own changes (common/origin.py)
         for pub in self.publications.values():
             self._install(pub)
 
@@ -348,6 +355,7 @@ class Publisher:
         cfg = self.config
         return {
             "server": cfg.server_name,
+            "node": self.node,
             "listen": address,
             "tls": cfg.tls.enabled,
             "mutual_tls": bool(cfg.tls.client_ca_file),

@@ -9,6 +9,9 @@ log's last entry always tells capture where to resume after a restart.
 Groups (``common/fragments.py``, P1-P3): capture appends a large group of
 transactions as fragments with ``grouped=True``; while a group is open (its
 last appended fragment has ``continued``) other appends wait for it to close.
+Origins (``common/origin.py``, R1): an entry that capture did not give an origin
+(the source's own changes, ``Publish``) gets the source's node.
+
 A group left open (a restart, a capture failure) is closed by
 :meth:`abort_group`: one empty entry with ``aborted`` set, so subscribers apply
 none of it and capture carries it again from its resume point.
@@ -27,8 +30,9 @@ __all__ = ["Publication"]
 
 
 class Publication:
-    def __init__(self, config: PublicationConfig, log: Log) -> None:
+    def __init__(self, config: PublicationConfig, log: Log, *, node: str = "") -> None:
         self.config = config
+        self.node = node  # the source's node: the origin of its own changes (common/origin.py)
         self.name = config.name
         self.log = log
         self._lock = threading.Condition()
@@ -80,6 +84,8 @@ class Publication:
                 entry.source_position = str(self.position)
             if not entry.commit_time_us:
                 entry.commit_time_us = int(time.time() * 1_000_000)
+            if not entry.origin:  # made here, not applied by txrepl (common/origin.py, R1)
+                entry.origin = self.node
             seq = self.log.append([entry.SerializeToString()], wait=wait)
             if position is not None:
                 self.position = position

@@ -535,6 +535,7 @@ class Entry(_message.Message):
     CONTINUED_FIELD_NUMBER: _builtins.int
     FRAGMENT_FIELD_NUMBER: _builtins.int
     ABORTED_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     commit_time_us: _builtins.int
     """commit time of the last transaction, UTC"""
     source_position: _builtins.str
@@ -552,6 +553,13 @@ class Entry(_message.Message):
     it, and captures it again in the entries that follow): apply none of its
     fragments.  Such an entry carries no ops.
     """
+    origin: _builtins.str
+    """Origin (issue 24): the node (a database, named by txrepl_node: docs/topologies.md)
+    where the changes of this entry were first made.  The publisher sets it to its own
+    node for changes made on its source, and to the node recorded by txrepl's apply for
+    changes a subscriber applied there, so a chain carries it on and a subscriber never
+    applies a change back to the node it came from.  Empty: written by an older build.
+    """
     @_builtins.property
     def ops(self) -> _containers.RepeatedCompositeFieldContainer[Global___Op]: ...
     def __init__(
@@ -563,10 +571,11 @@ class Entry(_message.Message):
         continued: _builtins.bool = ...,
         fragment: _builtins.int = ...,
         aborted: _builtins.bool = ...,
+        origin: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "commit_time_us", b"commit_time_us", "continued", b"continued", "fragment", b"fragment", "ops", b"ops", "source_position", b"source_position"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "commit_time_us", b"commit_time_us", "continued", b"continued", "fragment", b"fragment", "ops", b"ops", "origin", b"origin", "source_position", b"source_position"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -583,19 +592,22 @@ class EntryMark(_message.Message):
     CONTINUED_FIELD_NUMBER: _builtins.int
     FRAGMENT_FIELD_NUMBER: _builtins.int
     ABORTED_FIELD_NUMBER: _builtins.int
+    ORIGIN_FIELD_NUMBER: _builtins.int
     continued: _builtins.bool
     fragment: _builtins.int
     aborted: _builtins.bool
+    origin: _builtins.str
     def __init__(
         self,
         *,
         continued: _builtins.bool = ...,
         fragment: _builtins.int = ...,
         aborted: _builtins.bool = ...,
+        origin: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "continued", b"continued", "fragment", b"fragment"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["aborted", b"aborted", "continued", b"continued", "fragment", b"fragment", "origin", b"origin"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -90,6 +90,7 @@ import pyarrow as pa
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
 from subscriber.apply._order import ConstraintOrder
+from subscriber.apply._origin import by_origin
 from subscriber.apply._pieces import Pieces
 from subscriber.apply._plan import Planning
 from subscriber.apply.entry import AnyEntry, group_half
@@ -140,6 +141,7 @@ class Planned:
     rows: int
     seconds: float
     error: BaseException | None = None
+    node: str = ""  # the target's node it was planned with (own entries left out: _origin.py)
 
 
 class Applier(Planning, Pieces):
@@ -169,6 +171,7 @@ class Applier(Planning, Pieces):
         self._spark_thread: ThreadPoolExecutor | None = None  # the net-effect job
         self._order = ConstraintOrder(writer)  # rows steps under unique constraints
         self._last_plan_s = 0.0
+        self._node = ""  # the target's node, once found (_origin.py)
         self.options = ApplyOptions()
         self.configure(options or ApplyOptions())
 
@@ -251,6 +254,9 @@ class Applier(Planning, Pieces):
         :meth:`apply` writes in another; at most one ``plan`` at a time.
         """
         started = time.perf_counter()
+        node = self._node  # as apply() last read it; a plan made with another is dropped
+        if node:  # as apply() will (_origin.py)
+            entries = by_origin(entries, node)[0]
         base = after.schemas if after is not None else self.state.schemas
         schemas = dict(base)
         if after is not None and after.error is not None:
@@ -264,9 +270,8 @@ class Applier(Planning, Pieces):
             return Planned(
                 first_seq, len(entries), base, schemas, None, 0, time.perf_counter() - started, exc
             )
-        return Planned(
-            first_seq, len(entries), base, schemas, steps, rows, time.perf_counter() - started
-        )
+        took = time.perf_counter() - started
+        return Planned(first_seq, len(entries), base, schemas, steps, rows, took, node=node)
 
     def apply(
         self,
@@ -295,6 +300,13 @@ class Applier(Planning, Pieces):
         :class:`ApplyError`, the target's level is :attr:`state`'s after
         :meth:`load_state` (entries committed before the failure stay committed).
         """
+        # -- origins (issue 24, _origin.py): skip the target's own, one origin per write --
+        if entries and self._target_node():
+            entries, runs = by_origin(entries, self._node)
+            if len(runs) > 1:
+                return self._apply_runs(first_seq, entries, runs, incarnation)
+            with contextlib.suppress(AttributeError):  # a writer that keeps no origins
+                self._writer.apply_origin = runs[0][2]  # type: ignore[attr-defined]
         # -- groups (issue 21): pieces of a group over the batch limits (_pieces.py) --
         if entries and self._piece_due(first_seq, hold):
             return ApplyResult(*self._apply_piece(first_seq, entries, incarnation, commit=not hold))
@@ -314,6 +326,7 @@ class Applier(Planning, Pieces):
             and planned.first_seq == first_seq
             and planned.count == len(entries)
             and planned.base is state.schemas
+            and planned.node == self._node
         )
         rows, written, skipped = self._apply_or_narrow(
             first_seq, entries, incarnation, None, planned if ahead else None
@@ -328,6 +341,35 @@ class Applier(Planning, Pieces):
             tuple(skipped),
             plan_seconds=planned.seconds if ahead and planned else self._last_plan_s,
             planned_ahead=ahead,
+        )
+
+    # -- origins (_origin.py) ---------------------------------------------------------
+
+    def _target_node(self) -> str:
+        """The target's node ("" if it is none), read until found: a publisher may
+        record it after this subscription started (common/origin.py)."""
+        if not self._node:
+            self._node = str(getattr(self._writer, "node", "") or "")
+        return self._node
+
+    def _apply_runs(
+        self, first_seq: int, entries: Sequence[AnyEntry], runs: Sequence[tuple[int, int, str]],
+        incarnation: str,
+    ) -> ApplyResult:  # fmt: skip
+        """A batch of several origins: one write per run, each with its origin."""
+        started = time.perf_counter()
+        parts = [  # Applier's own apply: a subclass measures the batch once, not per run
+            Applier.apply(self, first_seq + a, entries[a:b], incarnation=incarnation)
+            for a, b, _ in runs
+        ]
+        return ApplyResult(
+            parts[-1].level,
+            sum(p.rows for p in parts),
+            sum(p.written for p in parts),
+            len(entries),
+            time.perf_counter() - started,
+            tuple(s for p in parts for s in p.skipped),
+            plan_seconds=sum(p.plan_seconds for p in parts),
         )
 
     # -- retries and narrowing ------------------------------------------------------

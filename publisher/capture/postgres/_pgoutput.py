@@ -6,7 +6,8 @@ capture logic never looks at plugin formats.  The pgoutput messages (PostgreSQL 
 
     B  Begin     Int64 final_lsn, Int64 commit time (us since 2000-01-01), Int32 xid
     C  Commit    Int8 flags, Int64 commit_lsn, Int64 end_lsn, Int64 commit time
-    O  Origin    Int64 lsn, String name                                   (ignored)
+    O  Origin    Int64 lsn, String name     (after Begin: the transaction's replication
+                 origin, set by the session that made it; txrepl's apply sets one)
     Y  Type      Int32 oid, String namespace, String name                  (ignored)
     R  Relation  Int32 oid, String namespace, String name, Int8 replica identity,
                  Int16 ncols, ncols x (Int8 flags (1 = key), String name,
@@ -41,6 +42,7 @@ __all__ = [
     "Delete",
     "Event",
     "Insert",
+    "Origin",
     "ProtocolError",
     "RelColumn",
     "Relation",
@@ -131,7 +133,14 @@ class Truncate:
     restart_identity: bool
 
 
-Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The replication origin of the transaction being decoded (common/origin.py, R2)."""
+
+    name: str
+
+
+Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Origin
 
 _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
@@ -215,7 +224,7 @@ class _Reader:
 
 
 def parse_pgoutput(payload: bytes) -> Event | None:
-    """Parse one pgoutput message; None for messages capture does not need (O, Y, M)."""
+    """Parse one pgoutput message; None for messages capture does not need (Y, M)."""
     if not payload:
         raise ProtocolError("empty message")
     tag = chr(payload[0])
@@ -267,7 +276,10 @@ def parse_pgoutput(payload: bytes) -> Event | None:
             options = r.i8()
             oids = tuple(r.u32() for _ in range(n))
             return Truncate(oids, cascade=bool(options & 1), restart_identity=bool(options & 2))
-        if tag in ("O", "Y", "M"):
+        if tag == "O":
+            r.pos = 9  # the origin's commit LSN: not needed
+            return Origin(r.string())
+        if tag in ("Y", "M"):
             return None
     except (struct.error, ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"malformed pgoutput {tag!r} message: {e}") from e

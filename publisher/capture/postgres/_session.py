@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from common.origin import node_of_pg_origin
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
@@ -44,6 +45,7 @@ from publisher.capture.postgres._pgoutput import (
     Delete,
     Event,
     Insert,
+    Origin,
     Relation,
     Truncate,
     Update,
@@ -219,6 +221,8 @@ class Session:
                 self._change(ev)
             elif isinstance(ev, Truncate):
                 self._truncate(ev)
+            elif isinstance(ev, Origin) and self.txn is not None:
+                self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -302,7 +306,7 @@ class Session:
             return False
         held = txn.sizes.setdefault(name, 0)
         if held and held + size > limit:
-            entry = pb.Entry(commit_time_us=txn.commit_time_us)
+            entry = pb.Entry(commit_time_us=txn.commit_time_us, origin=txn.origin)
             entry.ops.extend(txn.ops.pop(name))
             txn.sizes[name] = 0
             group = txn.groups.get(name)
@@ -358,7 +362,7 @@ class Session:
             if not ops:
                 continue
             ps = self.state[pubname]
-            entry = pb.Entry(commit_time_us=ev.commit_time_us)
+            entry = pb.Entry(commit_time_us=ev.commit_time_us, origin=txn.origin)
             entry.ops.extend(ops)
             group = txn.groups.get(pubname)
             if group is not None:

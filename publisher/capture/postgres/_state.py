@@ -81,6 +81,7 @@ class Txn:
     sizes: dict[str, int] = field(default_factory=dict)
     groups: dict[str, GroupWriter] = field(default_factory=dict)
     recopy: list[tuple[str, str]] = field(default_factory=list)  # (publication, table)
+    origin: str = ""  # the node txrepl's apply applied it from; "": the source's own
 
 
 @dataclass(slots=True)

@@ -60,15 +60,17 @@ from pathlib import Path
 import structlog
 
 from common.names import format_table
+from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
 from publisher.capture.health import CaptureHealth
-from publisher.capture.sqlite.exact import encode_stored
+from publisher.capture.sqlite.exact import encode_stored, parse_sql_literal
 from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
     build_triggers,
+    carry_origin,
     copy_rows,
     fallback_name,
     qident,
@@ -96,22 +98,6 @@ CREATE TABLE IF NOT EXISTS _txrepl_shapes(
 """
 
 
-def parse_sql_literal(text: str) -> object:
-    """Parse one SQL literal as produced by SQLite's quote()."""
-    if text == "NULL":
-        return None
-    first = text[0]
-    if first == "'":
-        return text[1:-1].replace("''", "'")
-    if first in "Xx" and text[1:2] == "'":
-        return bytes.fromhex(text[2:-1])
-    if first == "t":  # TEXT holding a NUL, as its bytes (shapes.literal)
-        return sqlite_text_factory(bytes.fromhex(text[3:-1]))
-    if any(c in text for c in ".eE") or text in ("Inf", "-Inf"):
-        return float(text)
-    return int(text)
-
-
 @dataclass(frozen=True, slots=True)
 class CapturedRow:
     id: int
@@ -122,6 +108,7 @@ class CapturedRow:
     v: object
     gen: int | None = None  # None: captured by a build older than generations
     size: int = 0  # bytes of k and v as stored (either may be left unread: read())
+    origin: str | None = None  # applied by txrepl from this node (common/origin.py); None: local
 
 
 class SqliteCapture:
@@ -143,8 +130,11 @@ class SqliteCapture:
         self._conn.text_factory = sqlite_text_factory  # TEXT that is not UTF-8 too
         self._conn.execute(f"PRAGMA busy_timeout = {int(WAIT_SLICE_S * 1000)}")
         self._conn.executescript(_SETUP)
-        if "gen" not in {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}:
-            self._conn.execute("ALTER TABLE _txrepl_capture ADD COLUMN gen INTEGER")
+        have = {r[1] for r in self._conn.execute("PRAGMA table_info(_txrepl_capture)")}
+        for col, decl in (("gen", "INTEGER"), ("origin", "TEXT")):  # an earlier build's table
+            if col not in have:
+                self._conn.execute(f"ALTER TABLE _txrepl_capture ADD COLUMN {col} {decl}")
+        ensure_applying(self._conn)  # the triggers read the apply's origin (common/origin.py)
         # gen -> (schema, value types, key types); None: the current schema (old rows)
         self._shapes: dict[int | None, _Shape] = {}
         # (publication, table) -> the generation whose schema op the log has last seen
@@ -227,6 +217,8 @@ class SqliteCapture:
         latest = self._latest(table)
         present = self._triggers_present(table)
         if latest is not None and present and latest[1] == schema:
+            if not carry_origin(self._conn, table):  # an earlier build's: same rows, + origin
+                build_triggers(self._conn, schema, latest[0])
             return latest[0]
         cur = self._conn.execute(
             "INSERT INTO _txrepl_shapes(tbl, schema) VALUES (?, ?)",
@@ -384,7 +376,7 @@ class SqliteCapture:
             "SELECT id, pub, tbl, op,"
             " CASE WHEN length(k) > :big THEN NULL ELSE k END,"
             " CASE WHEN length(v) > :big THEN NULL ELSE v END, gen,"
-            " coalesce(length(k), 0) + coalesce(length(v), 0)"
+            " coalesce(length(k), 0) + coalesce(length(v), 0), origin"
             " FROM _txrepl_capture WHERE id > :after AND id <= :upto ORDER BY id"
         )
         bounds = {

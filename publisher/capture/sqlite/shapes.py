@@ -15,12 +15,16 @@ The row image is read back from the table by primary key, in a scalar subquery
 whose column names are *unqualified*, inside a query over a one-row fallback
 table ``_txrepl_fb_<t>`` that has one column per column of ``t``::
 
-    INSERT INTO _txrepl_capture(tbl, op, k, v, gen)
+    INSERT INTO _txrepl_capture(tbl, op, k, v, gen, origin)
       SELECT 't', 'I', NULL,
              (SELECT json_array(quote("id"), quote("a"), quote("c"))
                 FROM "t" WHERE "t"."id" IS NEW."id"),
-             17
+             17, (SELECT origin FROM txrepl_applying)
         FROM "_txrepl_fb_t";
+
+(``origin``: NULL for the application's writes, the origin txrepl's apply is
+writing otherwise: common/origin.py, R2; an installation whose triggers predate
+it gets them rebuilt, same generation, when the publisher starts.)
 
 SQLite resolves an unqualified name in the innermost scope that has it: while
 ``t`` has ``c``, ``c`` is ``t.c`` (the AFTER trigger sees the row as written);
@@ -91,11 +95,13 @@ from __future__ import annotations
 import sqlite3
 
 from common.names import quote_ident
+from common.origin import APPLYING_TABLE
 from common.rpc import txrepl_pb2 as pb
 
 __all__ = [
     "TRIGGER_TAGS",
     "build_triggers",
+    "carry_origin",
     "copy_rows",
     "fallback_name",
     "literal",
@@ -104,6 +110,9 @@ __all__ = [
 ]
 
 TRIGGER_TAGS = ("i", "u", "d")
+# What the triggers write as a capture row's origin: the apply's, or NULL.  The name
+# in their text also keeps the SQLite target's trigger guard off them (R2).
+ORIGIN = f"(SELECT origin FROM {APPLYING_TABLE})"
 
 
 qident = quote_ident
@@ -144,18 +153,31 @@ def build_triggers(conn: sqlite3.Connection, schema: pb.TableSchema, gen: int) -
     old_key = ", ".join(literal(f"OLD.{qident(k)}") for k in schema.primary_key)
     lit = t.replace("'", "''")
     new = _image(schema, "NEW")
+    org = ORIGIN  # NULL for the application's writes (common/origin.py, R2)
     bodies = {
-        "i": ("INSERT", f"SELECT '{lit}', 'I', NULL, {new}, {gen} FROM {fb}"),
-        "u": ("UPDATE", f"SELECT '{lit}', 'U', json_array({old_key}), {new}, {gen} FROM {fb}"),
-        "d": ("DELETE", f"VALUES('{lit}', 'D', json_array({old_key}), NULL, {gen})"),
+        "i": ("INSERT", f"SELECT '{lit}', 'I', NULL, {new}, {gen}, {org} FROM {fb}"),
+        "u": (
+            "UPDATE",
+            f"SELECT '{lit}', 'U', json_array({old_key}), {new}, {gen}, {org} FROM {fb}",
+        ),
+        "d": ("DELETE", f"VALUES('{lit}', 'D', json_array({old_key}), NULL, {gen}, {org})"),
     }
     for tag, (event, values) in bodies.items():
         name = qident(trigger_name(tag, t))
         conn.execute(f"DROP TRIGGER IF EXISTS {name}")
         conn.execute(
             f"CREATE TRIGGER {name} AFTER {event} ON {qident(t)} BEGIN "
-            f"INSERT INTO _txrepl_capture(tbl, op, k, v, gen) {values}; END"
+            f"INSERT INTO _txrepl_capture(tbl, op, k, v, gen, origin) {values}; END"
         )
+
+
+def carry_origin(conn: sqlite3.Connection, table: str) -> bool:
+    """Whether ``table``'s capture triggers copy the apply's origin (built since issue 24)."""
+    names = [trigger_name(tag, table) for tag in TRIGGER_TAGS]
+    found = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name IN (?, ?, ?)", names
+    ).fetchall()
+    return len(found) == len(names) and all(ORIGIN in (sql or "") for (sql,) in found)
 
 
 def copy_rows(

@@ -171,9 +171,16 @@ class SqliteSource:
         ends = {p.name: p.position for p in live}
         after = min(p.position for p in live)
         read = 0
+        origin: str | None = None  # of the poll's rows: one per group (common/origin.py, R2)
         try:
             while True:
                 rows = self.capture.read(after, upto, max_bytes=self.max_entry_bytes)
+                if read == 0 and rows:
+                    origin = rows[0].origin
+                cut = next((i for i, r in enumerate(rows) if r.origin != origin), len(rows))
+                if cut < len(rows):  # the origin changes: the poll ends here, the next goes on
+                    del rows[cut:]
+                    upto = rows[-1].id if rows else after
                 if not rows:
                     break
                 read += len(rows)
@@ -182,7 +189,7 @@ class SqliteSource:
                 for pub in live:
                     if pub.name in self.refused:
                         continue
-                    self._build(pub, groups[pub.name], rows, ends, installed)
+                    self._build(pub, groups[pub.name], rows, ends, installed, origin)
                 after = rows[-1].id
             appended = sum(
                 groups[p.name].finish(ends[p.name]) for p in live if p.name not in self.refused
@@ -211,6 +218,7 @@ class SqliteSource:
         rows: list[CapturedRow],
         ends: dict[str, int],
         installed: dict[str, dict[str, int]],
+        origin: str | None,
     ) -> None:
         """Add ``pub``'s entries of one chunk to its group; refuse it on a row too large."""
         try:
@@ -224,6 +232,7 @@ class SqliteSource:
             log.error("capture refused", publication=pub.name, table=exc.table, error=str(exc))
             return
         for entry in entries:
+            entry.origin = origin or ""  # "": the source's own node (Publication.append)
             group.add(entry, last)
         ends[pub.name] = last
 

@@ -59,6 +59,7 @@ import structlog
 from psycopg import sql
 
 from common import values
+from common.origin import stored_node
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import TransientError, WriterError
 from subscriber.apply.writer import (
@@ -79,6 +80,7 @@ from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, tab
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
+from subscriber.targets.postgres._origin import SessionOrigin
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -161,6 +163,8 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
+        self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
+        self._origin = SessionOrigin()
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -198,6 +202,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
                         "SELECT set_config('lock_timeout', %s, true)",
                         (f"{int(self.lock_timeout_s * 1000)}ms",),
                     )
+                self._origin.use(cur, subscription, self.apply_origin)  # _origin.py
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 result = body(cur)
@@ -206,6 +211,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         except psycopg.Error as exc:
             self._types.clear()  # what the rolled-back transaction saw may be gone
             self._seqs.clear()
+            self._origin.forget(conn)
             raise self._refused(exc, conn, "the batch", subscription, seq) from exc
 
     def _refused(
@@ -224,6 +230,15 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
             subscription=subscription,
             seq=seq,
         )
+
+    @property
+    def node(self) -> str:
+        """The node this target is, as its publisher recorded it ("" if none)."""
+        with self._lock:
+            try:
+                return stored_node(self._connection(), "postgresql")
+            except psycopg.Error:
+                return ""  # asked again with the next batch
 
     @property
     def backend_pid(self) -> int:

@@ -16,6 +16,9 @@ they are ``ENABLE ALWAYS``.  SQLite has no such switch, so the writer makes one:
   For the application's own writes the table is empty and the trigger behaves
   as it was written; for replicated rows, replicated SQL statements and
   procedure calls it does not fire, as under PostgreSQL's replica role.
+* a trigger that names ``txrepl_applying`` is left alone: txrepl's own capture
+  triggers, on a target that is also published, read the row's ``origin`` to
+  tag the changes they capture (common/origin.py, R2) instead of skipping them.
 * a trigger whose text contains ``txrepl:always`` (e.g. in a comment of its
   body) is left alone and fires for replicated changes too: the
   ``ENABLE ALWAYS`` of SQLite targets.
@@ -32,9 +35,10 @@ from __future__ import annotations
 
 import sqlite3
 
+from common.origin import APPLYING_TABLE
+
 __all__ = ["ALWAYS", "APPLYING_TABLE", "GUARD", "TriggerGuard", "guarded"]
 
-APPLYING_TABLE = "txrepl_applying"
 GUARD = f"NOT EXISTS (SELECT 1 FROM {APPLYING_TABLE})"
 ALWAYS = "txrepl:always"
 

@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from common import values
 from common.names import parse_table, quote_ident
+from common.origin import ensure_applying, stored_node
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.writer import (
@@ -218,6 +219,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
             # Foreign keys are the source's business (the replica role: _order.py).
             self._conn.execute("PRAGMA foreign_keys=OFF")
             self._conn.executescript(METADATA)
+            ensure_applying(self._conn)  # with the origin the capture reads (common/origin.py)
             cols = [r[1] for r in self._conn.execute("PRAGMA table_info(txrepl_errors)")]
             if "status" not in cols:  # made by an earlier build
                 self._conn.execute(
@@ -228,6 +230,13 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
         self._lock = threading.Lock()
         self._guard = TriggerGuard()
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
+        self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
+
+    @property
+    def node(self) -> str:
+        """The node this target is, as its publisher recorded it ("" if none)."""
+        with self._lock:
+            return stored_node(self._conn, "sqlite")
 
     def close(self) -> None:
         with self._lock:
@@ -264,7 +273,10 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                     conn.execute("BEGIN IMMEDIATE")
                     METADATA_SQL.open_batch(conn, subscription, incarnation, first_seq, reexecute)
                     self._guard.ensure(conn)
-                    conn.execute("INSERT INTO txrepl_applying VALUES (?)", (_now(),))
+                    conn.execute(
+                        "INSERT INTO txrepl_applying (since, origin) VALUES (?, ?)",
+                        (_now(), self.apply_origin or None),
+                    )
                 written = 0
                 for step in steps:
                     written += self._step(subscription, step)
