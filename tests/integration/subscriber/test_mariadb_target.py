@@ -115,7 +115,7 @@ def test_triggers_can_tell_replicated_rows_by_txrepl_applying(
 
 
 def test_swap_under_a_secondary_unique_index(applier: Applier, maria_db: str) -> None:
-    """Two users swap emails through a temporary value in one batch; with a UNIQUE
+    """Two users swap emails through a temporary value in one transaction; with a UNIQUE
     index on the target the rows still land right (delete-then-insert order), where a
     plain ON DUPLICATE KEY UPDATE would have overwritten the other row."""
     applier.apply(
@@ -126,10 +126,12 @@ def test_swap_under_a_secondary_unique_index(applier: Applier, maria_db: str) ->
     _sql(maria_db, "CREATE UNIQUE INDEX users_email ON users (email)")
     applier.apply(
         2,
-        [
-            entry(upd("users", (1,), 1, "tmp", "one")),
-            entry(upd("users", (2,), 2, "a@x", "two")),
-            entry(upd("users", (1,), 1, "b@x", "one")),
+        [  # one source transaction: narrowing cannot split it
+            entry(
+                upd("users", (1,), 1, "tmp", "one"),
+                upd("users", (2,), 2, "a@x", "two"),
+                upd("users", (1,), 1, "b@x", "one"),
+            )
         ],
         incarnation=INC,
     )
