@@ -33,9 +33,7 @@ _SCHEMES: dict[str, Dialect] = {
     "mariadb": "mariadb",
     "mysql": "mariadb",
 }
-_FORMS = (
-    "use sqlite:///PATH, postgresql://USER@HOST:PORT/DB or mariadb://USER@HOST:PORT/DB"
-)
+_FORMS = "use sqlite:///PATH, postgresql://USER@HOST:PORT/DB or mariadb://USER@HOST:PORT/DB"
 
 
 @dataclasses.dataclass(frozen=True)
