@@ -178,3 +178,73 @@ def test_subscriber_sigkill_mid_apply_loses_and_duplicates_nothing(
         if writer.is_alive():
             writer.halt.set()
         pair.stop()
+
+
+_PG_TYPES = """
+CREATE TABLE t_types (
+    id integer PRIMARY KEY, u uuid, n numeric, n2 numeric(10,3), f double precision,
+    ts timestamptz, b boolean, by bytea, j jsonb, d date, iv interval, arr int[],
+    tx text, vc varchar(20)
+);
+INSERT INTO t_types VALUES
+    (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 12345678901234567890123456789012345678.5,
+     -1.250, -0.0, '2024-02-29 12:00:00.123456+02', true, '\\x00ff'::bytea,
+     '{"b": 1, "a": [1, 2]}', '1969-12-31', '1 day 02:00:00', '{1,2,3}', 'Ünïcode ✓', 'a '),
+    (2, NULL, 'NaN', NULL, 1e300, NULL, false, '', 'null', NULL, NULL, '{}', '', 'A');
+"""
+
+
+def test_postgresql_types_into_mariadb(tmp_path: Path, pg_server: Any, maria_db: str) -> None:
+    """docs/types.md's PostgreSQL → MariaDB rows, value by value, through the daemons."""
+    import datetime as dt
+    import decimal
+
+    src_dsn = pg_server.create_database()
+    src = pg_source(src_dsn)
+    src.execute(_PG_TYPES)
+    pair = Pair(
+        tmp_path,
+        tables=["t_types"],
+        source_url=src_dsn,
+        target_url=maria_db,
+        publisher_extra={"slot": "txrepl_types_maria"},
+    )
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        src.execute("UPDATE t_types SET vc = 'b' WHERE id = 2")  # a live change too
+        pair.wait_caught_up()
+        conn = connect(maria_db)
+        with conn.cursor() as cur:
+            cur.execute("SELECT * FROM t_types ORDER BY id")
+            rows = [tuple(r) for r in cur.fetchall()]
+            cur.execute(
+                "SELECT column_name, column_type FROM information_schema.columns"
+                " WHERE table_schema = DATABASE() AND table_name = 't_types'"
+            )
+            types = dict(cur.fetchall())
+        conn.close()
+    finally:
+        pair.stop()
+        src.close()
+    assert types["n"] == "longtext"
+    assert types["n2"] == "decimal(10,3)"
+    assert types["ts"] == "datetime(6)"
+    assert types["u"] == "longtext"
+    assert rows[0] == (
+        1,
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "12345678901234567890123456789012345678.5",
+        decimal.Decimal("-1.250"),
+        -0.0,
+        dt.datetime(2024, 2, 29, 10, 0, 0, 123456),
+        1,
+        b"\x00\xff",
+        '{"a": [1, 2], "b": 1}',
+        dt.date(1969, 12, 31),
+        "1 day 02:00:00",
+        "{1,2,3}",
+        "Ünïcode ✓",
+        "a ",
+    )
+    assert rows[1] == (2, None, "NaN", None, 1e300, None, 0, b"", "null", None, None, "{}", "", "b")
