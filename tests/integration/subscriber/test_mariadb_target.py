@@ -200,3 +200,27 @@ def test_nan_is_refused_naming_the_column(applier: Applier, maria_db: str) -> No
         applier.apply(2, [entry(ins("f", 2, float("nan")))], incarnation=INC)
     assert isinstance(info.value.cause, WriterError)
     assert _sql(maria_db, "SELECT * FROM f") == [(1, 1.5)]
+
+
+def test_a_group_held_across_pieces_commits_once(applier: Applier, maria_db: str) -> None:
+    """Pieces of one large source transaction (issue 21) go into one MariaDB
+    transaction: nothing shows until the last; an abandoned group leaves nothing; a
+    schema change in a later piece is refused with one line (its DDL would commit)."""
+    applier.apply(1, [entry(schema_op(USERS))], incarnation=INC)
+    applier.apply(2, [entry(ins("users", 1, "a", None))], incarnation=INC, hold=True)
+    assert _sql(maria_db, "SELECT count(*) FROM users") == [(0,)]
+    applier.apply(3, [entry(ins("users", 2, "b", None))], incarnation=INC)
+    assert _sql(maria_db, "SELECT id FROM users ORDER BY id") == [(1,), (2,)]
+    assert _sql(maria_db, "SELECT level FROM txrepl_subscriptions") == [(3,)]
+
+    applier.apply(4, [entry(ins("users", 3, "c", None))], incarnation=INC, hold=True)
+    applier.abandon()
+    assert _sql(maria_db, "SELECT count(*) FROM users") == [(2,)]
+    wider = pb.TableSchema()
+    wider.CopyFrom(USERS)
+    wider.columns.append(col("age", T.COLUMN_TYPE_INTEGER))
+    applier.apply(4, [entry(ins("users", 3, "c", None))], incarnation=INC, hold=True)
+    with pytest.raises(WriterError, match=r"DDL implicitly.*raise \[batch\]"):
+        applier.apply(5, [entry(schema_op(wider), ins("users", 4, "d", None, 9))], incarnation=INC)
+    assert _sql(maria_db, "SELECT count(*) FROM users") == [(2,)]
+    assert applier.load_state().level == 3
