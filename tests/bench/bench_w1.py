@@ -32,7 +32,8 @@ Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (defaul
 ``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three; ``txrepl pg serial``,
 txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk`` and
 ``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
-index on orders) on both sides, only when named) and
+index on orders) on both sides, and ``txrepl maria``, SQLite → a private MariaDB
+target (issue 26), only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -93,7 +94,7 @@ def _env_int(name: str, default: int) -> int:
 
 SYSTEMS = ("txrepl sqlite", "pg native", "txrepl pg")
 # Not run by default: txrepl pg with the subscriber's [batch] plan_ahead off (A/B).
-EXTRA_SYSTEMS = ("txrepl pg serial", "txrepl pg fk", "txrepl pg fk+unique")
+EXTRA_SYSTEMS = ("txrepl pg serial", "txrepl pg fk", "txrepl pg fk+unique", "txrepl maria")
 # The constraint variants of txrepl pg (issue 20), DDL run on both sides after W1's:
 # a foreign key from orders to accounts (the replica role leaves the apply path as
 # is), and with it a unique index on orders, which takes orders' rows steps to the
@@ -218,6 +219,13 @@ class Source:
 def target_connect(kind: str, where: str) -> Any:
     if kind == "sqlite":
         return sqlite3.connect(f"file:{where}?mode=ro", uri=True, timeout=30)
+    if kind == "maria":
+        import pymysql
+
+        from subscriber.targets.mariadb._conn import connect_args
+
+        args = connect_args(where)
+        return pymysql.connect(**{**args, "autocommit": True, "init_command": None})
     import psycopg
 
     return psycopg.connect(where, autocommit=True)
@@ -393,6 +401,25 @@ class TxreplSqlite(Rig):
             self.src.close()
         self.pair = None
         self.src = None
+
+
+class TxreplMaria(TxreplSqlite):
+    """SQLite source → txrepl → a MariaDB target (a fresh database per run)."""
+
+    name = "txrepl maria"
+    target_kind = "maria"
+
+    def __init__(self, base: Path, server: Any) -> None:
+        super().__init__(base)
+        self.server = server
+
+    def setup(self, run: int) -> Source:
+        work = Path(tempfile.mkdtemp(prefix=f"w1-maria-{run}-", dir=self.base))
+        self.target_where = self.server.create_database()
+        self.pair = Pair(work, tables=["accounts", "orders"], target_url=self.target_where)
+        self.src = sqlite_source(self.pair.source_path)
+        self.pair.start_publisher()
+        return Source("sqlite", self.src)
 
 
 class PgNative(Rig):
@@ -934,6 +961,15 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 res.rows.append(row)
 
     measure(TxreplSqlite(base))
+    if "txrepl maria" in cfg.systems:
+        from tests.fixtures.mariadb import maria_available, start_maria_instance
+
+        why_not = maria_available()
+        if why_not is not None:
+            skipped.append({"system": "txrepl maria", "measure": "all", "skipped": why_not})
+        else:
+            with start_maria_instance() as maria:
+                measure(TxreplMaria(base, maria))
     from tests.bench._pg import bench_cluster, pg_reason
 
     reason = pg_reason()
