@@ -58,6 +58,8 @@ class DatabaseUrl:
             return cls(raw, dialect, p if p.is_absolute() else Path(base_dir) / p)
         if not rest:
             raise ValueError(f"{field} {raw!r}: {_FORMS}")
+        if dialect == "mariadb" and not rest.partition("?")[0].partition("/")[2]:
+            raise ValueError(f"{field} {raw!r}: name the database, mariadb://USER@HOST:PORT/DB")
         return cls(raw, dialect)
 
     @property

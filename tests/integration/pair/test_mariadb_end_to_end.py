@@ -1,7 +1,8 @@
 """MariaDB targets end to end: real daemons, a private mariadbd, W1 checksums, a kill -9.
 
 SQLite → MariaDB and PostgreSQL → MariaDB: a backlog before the subscriber starts and
-live traffic after, the target's W1 checksum equal to the source's; a reinit (the
+live traffic after, the target's W1 checksum equal to the source's (and PostgreSQL
+types value by value); a reinit (the
 snapshot loader) rebuilds the SQLite → MariaDB target.  Then the subscriber is killed
 (SIGKILL) mid-apply under a W1 + ledger stream: afterwards every ledger row is on
 the target, written exactly once (triggers on the target count the writes: MariaDB's
@@ -10,6 +11,8 @@ triggers fire for replicated rows), and the checksums are equal.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import time
 from pathlib import Path
 from typing import Any
@@ -106,15 +109,33 @@ def test_w1_from_sqlite_into_mariadb_then_reinit(tmp_path: Path, maria_db: str) 
         src.close()
 
 
-def test_w1_from_postgresql_into_mariadb(tmp_path: Path, pg_server: Any, maria_db: str) -> None:
-    """W1 from a PostgreSQL source (logical decoding) into MariaDB: equal checksums."""
+_PG_TYPES = """
+CREATE TABLE t_types (
+    id integer PRIMARY KEY, u uuid, n numeric, n2 numeric(10,3), f double precision,
+    ts timestamptz, b boolean, by bytea, j jsonb, d date, iv interval, arr int[],
+    tx text, vc varchar(20)
+);
+INSERT INTO t_types VALUES
+    (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 12345678901234567890123456789012345678.5,
+     -1.250, -0.0, '2024-02-29 12:00:00.123456+02', true, '\\x00ff'::bytea,
+     '{"b": 1, "a": [1, 2]}', '1969-12-31', '1 day 02:00:00', '{1,2,3}', 'Ünïcode ✓', 'a '),
+    (2, NULL, 'NaN', NULL, 1e300, NULL, false, '', 'null', NULL, NULL, '{}', '', 'A');
+"""
+
+
+def test_w1_and_types_from_postgresql_into_mariadb(
+    tmp_path: Path, pg_server: Any, maria_db: str
+) -> None:
+    """W1 from a PostgreSQL source (logical decoding) into MariaDB: equal checksums; and
+    docs/types.md's PostgreSQL → MariaDB rows, value by value (table ``t_types``)."""
     src_dsn = pg_server.create_database()
     src = pg_source(src_dsn)
+    src.execute(_PG_TYPES)
     w1 = W1(accounts=100)
     run_pg(src, w1.transactions(1))
     pair = Pair(
         tmp_path,
-        tables=["accounts", "orders"],
+        tables=["accounts", "orders", "t_types"],
         source_url=src_dsn,
         target_url=maria_db,
         publisher_extra={"slot": "txrepl_w1_maria"},
@@ -124,10 +145,43 @@ def test_w1_from_postgresql_into_mariadb(tmp_path: Path, pg_server: Any, maria_d
         run_pg(src, w1.transactions(150))
         pair.start_subscriber()
         run_pg(src, w1.transactions(100))
+        src.execute("UPDATE t_types SET vc = 'b' WHERE id = 2")  # a live change too
         _wait_equal(src, maria_db)
+        pair.wait_caught_up()
+        conn = connect(maria_db)
+        with conn.cursor() as cur:
+            cur.execute("SELECT * FROM t_types ORDER BY id")
+            rows = [tuple(r) for r in cur.fetchall()]
+            cur.execute(
+                "SELECT column_name, column_type FROM information_schema.columns"
+                " WHERE table_schema = DATABASE() AND table_name = 't_types'"
+            )
+            types = dict(cur.fetchall())
+        conn.close()
     finally:
         pair.stop()
         src.close()
+    assert types["n"] == "longtext"
+    assert types["n2"] == "decimal(10,3)"
+    assert types["ts"] == "datetime(6)"
+    assert types["u"] == "longtext"
+    assert rows[0] == (
+        1,
+        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+        "12345678901234567890123456789012345678.5",
+        decimal.Decimal("-1.250"),
+        -0.0,
+        dt.datetime(2024, 2, 29, 10, 0, 0, 123456),
+        1,
+        b"\x00\xff",
+        '{"a": [1, 2], "b": 1}',
+        dt.date(1969, 12, 31),
+        "1 day 02:00:00",
+        "{1,2,3}",
+        "Ünïcode ✓",
+        "a ",
+    )
+    assert rows[1] == (2, None, "NaN", None, 1e300, None, 0, b"", "null", None, None, "{}", "", "b")
 
 
 _LEDGER_TARGET = [
@@ -178,73 +232,3 @@ def test_subscriber_sigkill_mid_apply_loses_and_duplicates_nothing(
         if writer.is_alive():
             writer.halt.set()
         pair.stop()
-
-
-_PG_TYPES = """
-CREATE TABLE t_types (
-    id integer PRIMARY KEY, u uuid, n numeric, n2 numeric(10,3), f double precision,
-    ts timestamptz, b boolean, by bytea, j jsonb, d date, iv interval, arr int[],
-    tx text, vc varchar(20)
-);
-INSERT INTO t_types VALUES
-    (1, 'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11', 12345678901234567890123456789012345678.5,
-     -1.250, -0.0, '2024-02-29 12:00:00.123456+02', true, '\\x00ff'::bytea,
-     '{"b": 1, "a": [1, 2]}', '1969-12-31', '1 day 02:00:00', '{1,2,3}', 'Ünïcode ✓', 'a '),
-    (2, NULL, 'NaN', NULL, 1e300, NULL, false, '', 'null', NULL, NULL, '{}', '', 'A');
-"""
-
-
-def test_postgresql_types_into_mariadb(tmp_path: Path, pg_server: Any, maria_db: str) -> None:
-    """docs/types.md's PostgreSQL → MariaDB rows, value by value, through the daemons."""
-    import datetime as dt
-    import decimal
-
-    src_dsn = pg_server.create_database()
-    src = pg_source(src_dsn)
-    src.execute(_PG_TYPES)
-    pair = Pair(
-        tmp_path,
-        tables=["t_types"],
-        source_url=src_dsn,
-        target_url=maria_db,
-        publisher_extra={"slot": "txrepl_types_maria"},
-    )
-    try:
-        pair.start_publisher()
-        pair.start_subscriber()
-        src.execute("UPDATE t_types SET vc = 'b' WHERE id = 2")  # a live change too
-        pair.wait_caught_up()
-        conn = connect(maria_db)
-        with conn.cursor() as cur:
-            cur.execute("SELECT * FROM t_types ORDER BY id")
-            rows = [tuple(r) for r in cur.fetchall()]
-            cur.execute(
-                "SELECT column_name, column_type FROM information_schema.columns"
-                " WHERE table_schema = DATABASE() AND table_name = 't_types'"
-            )
-            types = dict(cur.fetchall())
-        conn.close()
-    finally:
-        pair.stop()
-        src.close()
-    assert types["n"] == "longtext"
-    assert types["n2"] == "decimal(10,3)"
-    assert types["ts"] == "datetime(6)"
-    assert types["u"] == "longtext"
-    assert rows[0] == (
-        1,
-        "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
-        "12345678901234567890123456789012345678.5",
-        decimal.Decimal("-1.250"),
-        -0.0,
-        dt.datetime(2024, 2, 29, 10, 0, 0, 123456),
-        1,
-        b"\x00\xff",
-        '{"a": [1, 2], "b": 1}',
-        dt.date(1969, 12, 31),
-        "1 day 02:00:00",
-        "{1,2,3}",
-        "Ünïcode ✓",
-        "a ",
-    )
-    assert rows[1] == (2, None, "NaN", None, 1e300, None, 0, b"", "null", None, None, "{}", "", "b")

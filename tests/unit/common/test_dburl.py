@@ -31,6 +31,11 @@ def test_mariadb_url(raw):
     assert (u.dialect, str(u), u.path) == ("mariadb", raw, None)
 
 
+def test_mariadb_url_without_a_database_is_refused():
+    with pytest.raises(ValueError, match=r"^target 'mariadb://u@h:3306': name the database"):
+        DatabaseUrl.parse("mariadb://u@h:3306", field="target")
+
+
 @pytest.mark.parametrize("raw", ["oracle://h/db", "sqlite://t.db", "/tmp/t.db", "postgresql://"])
 def test_bad_url_names_the_field(raw):
     """Anything else is refused with the key and the accepted forms."""
