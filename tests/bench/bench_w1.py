@@ -25,7 +25,8 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            For every 100th transaction, lag = its visibility on the target minus the
            return of its COMMIT on the source.  Visibility is watched by a separate
            process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
-           0.5 ms, so the poller does not share a GIL with the source writer.
+           0.5 ms (2 ms into MariaDB), so the poller does not share a GIL with the
+           source writer.
 
 Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
 20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000);
@@ -69,8 +70,8 @@ EXPECTED_T100K = {
 }
 MARK_EVERY = 100
 POLL_S = 0.0005
-# MariaDB's poller speaks through PyMySQL (pure Python): at 0.5 ms it took a core of
-# this 2-core machine from the apply it measures (lag p50 3.4 s at 1,000 txn/s).
+# MariaDB's poller speaks through PyMySQL (pure Python): a query costs more client
+# CPU than a SQLite or libpq one, and this machine has 2 cores.
 POLL_S_MARIA = 0.002
 
 
@@ -223,12 +224,20 @@ def target_connect(kind: str, where: str) -> Any:
     if kind == "sqlite":
         return sqlite3.connect(f"file:{where}?mode=ro", uri=True, timeout=30)
     if kind == "maria":
+        # Not through subscriber.targets.mariadb: importing that package imports the
+        # subscriber's (Spark, Arrow), seconds that the poller would count as lag.
+        from urllib.parse import urlsplit
+
         import pymysql
 
-        from subscriber.targets.mariadb._conn import connect_args
-
-        args = connect_args(where)
-        return pymysql.connect(**{**args, "autocommit": True, "init_command": None})
+        url = urlsplit(where)
+        return pymysql.connect(
+            host=url.hostname,
+            port=url.port or 3306,
+            user=url.username or "root",
+            database=url.path.lstrip("/"),
+            autocommit=True,
+        )
     import psycopg
 
     return psycopg.connect(where, autocommit=True)
