@@ -2,11 +2,11 @@
 
 SQLite → MariaDB and PostgreSQL → MariaDB: a backlog before the subscriber starts and
 live traffic after, the target's W1 checksum equal to the source's (and PostgreSQL
-types value by value); a reinit (the
-snapshot loader) rebuilds the SQLite → MariaDB target.  Then the subscriber is killed
-(SIGKILL) mid-apply under a W1 + ledger stream: afterwards every ledger row is on
-the target, written exactly once (triggers on the target count the writes: MariaDB's
-triggers fire for replicated rows), and the checksums are equal.
+types value by value, docs/types.md); a reinit (the snapshot loader) rebuilds the
+SQLite → MariaDB target.  Then the subscriber is killed (SIGKILL) mid-apply under a W1
++ ledger stream: afterwards every ledger row is on the target, written exactly once
+(triggers on the target count the writes: MariaDB's triggers fire for replicated
+rows), and the checksums are equal.
 """
 
 from __future__ import annotations
