@@ -15,9 +15,10 @@ A batch::
       truncate  DELETE FROM t (TRUNCATE would commit)
       sql       the statement
       call      a Python handler, or CALL name(args)
+    INSERT txrepl_pending_drops: the columns the source dropped
     UPDATE the level row
     COMMIT
-    DROP COLUMN of columns the source dropped  (autocommit, after the commit)
+    DROP COLUMN of each pending drop, then DELETE its row  (autocommit, after the commit)
 
 **Why DDL runs outside the transaction.**  MariaDB commits implicitly before and
 after every DDL statement, so a CREATE or ALTER inside the batch's transaction would
@@ -31,11 +32,14 @@ n + 1``, a procedure call).  Instead the DDL a batch needs is split by what it d
   EXISTS``, "columns it lacks"): nothing else of the target changed.  The rows steps
   before a schema step in the batch write only the columns they know; the new ones
   are NULL for them, as they were on the source.
-* what **removes** (columns the source dropped) runs after the commit that moved the
-  level.  A crash between the two leaves the column on the target, nullable and
-  NULL in the rows written since; the next schema step of that table drops it.
-  For that reason every non-key column is created NULL-able: NOT NULL is the
-  source's business here, as CHECK constraints are.
+* what **removes** (columns the source dropped) is owed: the batch's transaction
+  records it in ``txrepl_pending_drops`` with the level, and it runs after the
+  commit.  A crash between the two leaves the column on the target (NULL in the
+  rows written since) and the row that owes its drop: the writer's next start drops
+  it.  A drop of a column already gone is skipped, so each happens once.  Because
+  the column may outlive the schema that dropped it for a while, every non-key
+  column is created NULL-able: NOT NULL is the source's business here, as CHECK
+  constraints are.
 * A schema step in a later piece of a group held open across pieces
   (subscriber/targets/held.py) cannot run its DDL without committing the group:
   such a piece is refused with one line (raise ``[batch]`` limits).
@@ -110,6 +114,12 @@ METADATA = [
     status       VARCHAR(16) NOT NULL DEFAULT 'open',
     PRIMARY KEY (subscription, seq)
 ) ENGINE=InnoDB""",
+    # DROP COLUMNs a committed batch owes (written in its transaction, done after it)
+    f"""CREATE TABLE IF NOT EXISTS txrepl_pending_drops (
+    table_name   {_TEXT} NOT NULL,
+    column_name  {_TEXT} NOT NULL,
+    PRIMARY KEY (table_name, column_name)
+) ENGINE=InnoDB""",
 ]
 
 
@@ -169,11 +179,13 @@ class MariaWriter(HeldWrites):
         self._procedures = load_procedures(procedures)
         self._lock = threading.Lock()
         self._held = Held()
+        self._owed = False  # a held piece recorded drops
         self._conn: pymysql.connections.Connection[Any] | None = None
         try:
             with self._cursor() as cur:
                 for ddl in METADATA:
                     cur.execute(ddl)
+            self._finish_drops()  # owed by a batch committed before a crash
         except pymysql.err.MySQLError as exc:
             self._conn = None
             raise WriterError(f"cannot open MariaDB target {self._where}: {exc}") from exc
@@ -252,6 +264,7 @@ class MariaWriter(HeldWrites):
                     if not self._held.open:
                         METADATA_SQL.open_batch(ex, subscription, incarnation, first_seq, reexecute)
                     written = sum(self._step(cur, ex, subscription, step) for step in steps)
+                    owed = self._record_drops(cur, steps)
                     if not commit:
                         self._held.hold(subscription, last_seq)
                         return written
@@ -259,7 +272,8 @@ class MariaWriter(HeldWrites):
                     seqs = (first_seq, last_seq)
                     METADATA_SQL.close_batch(ex, subscription, incarnation, seqs, reexecute)
                 self._connection().commit()
-                self._drop_columns(steps)
+                if owed or self._owed:
+                    self._finish_drops()
                 return written
             except BaseException as exc:
                 self._held.clear()
@@ -440,14 +454,37 @@ class MariaWriter(HeldWrites):
             if any(c.lower() not in final[t] for c in cols)
         }
 
-    def _drop_columns(self, steps: Sequence[Step]) -> None:
-        """After the commit: drop the columns the source dropped (module docstring)."""
-        for table, cols in self._dropped(steps).items():
+    def _record_drops(self, cur: pymysql.cursors.Cursor, steps: Sequence[Step]) -> bool:
+        """In the batch's transaction: the DROP COLUMNs it owes (``txrepl_pending_drops``)."""
+        owed = self._dropped(steps)
+        for table, cols in owed.items():
+            for name in cols:
+                cur.execute(
+                    "INSERT IGNORE INTO txrepl_pending_drops (table_name, column_name)"
+                    " VALUES (%s, %s)",
+                    (table, name),
+                )
+        self._owed = self._owed or bool(owed)
+        return bool(owed)
+
+    def _finish_drops(self) -> None:
+        """After a commit (or at open, after a crash): the owed DROP COLUMNs, each once
+        (a column already gone is skipped), each row deleted once done."""
+        self._owed = False
+        with self._cursor() as cur:
+            cur.execute("SELECT table_name, column_name FROM txrepl_pending_drops")
+            owed = [(str(t), str(c)) for t, c in cur.fetchall()]
+        self._connection().rollback()
+        for table, name in owed:
             have = {c.lower() for c in self._columns(table)}
-            for name in sorted(cols):
+            with self._cursor() as cur:
                 if name.lower() in have:
-                    with self._cursor() as cur:
-                        cur.execute(f"ALTER TABLE {quote_table(table)} DROP COLUMN {quote(name)}")
+                    cur.execute(f"ALTER TABLE {quote_table(table)} DROP COLUMN {quote(name)}")
+                cur.execute(
+                    "DELETE FROM txrepl_pending_drops WHERE table_name = %s AND column_name = %s",
+                    (table, name),
+                )
+            self._connection().commit()
 
     # -- steps -------------------------------------------------------------------
 

@@ -224,3 +224,20 @@ def test_a_group_held_across_pieces_commits_once(applier: Applier, maria_db: str
         applier.apply(5, [entry(schema_op(wider), ins("users", 4, "d", None, 9))], incarnation=INC)
     assert _sql(maria_db, "SELECT count(*) FROM users") == [(2,)]
     assert applier.load_state().level == 3
+
+
+def test_a_drop_owed_by_a_crash_is_done_at_the_next_start(applier: Applier, maria_db: str) -> None:
+    """A crash between a batch's commit and its DROP COLUMN leaves the drop recorded in
+    ``txrepl_pending_drops`` (written with the level): the next writer drops the column."""
+    applier.apply(1, [entry(schema_op(USERS), ins("users", 1, "a", "n"))], incarnation=INC)
+    # What the committed transaction of such a batch leaves when the process dies
+    # before the DROP (the column still there, its drop owed):
+    _sql(maria_db, "INSERT INTO txrepl_pending_drops VALUES ('users', 'note')")
+    MariaWriter(maria_db).close()
+    cols = _sql(
+        maria_db,
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = DATABASE()"
+        " AND table_name = 'users' ORDER BY ordinal_position",
+    )
+    assert [c[0] for c in cols] == ["id", "email"]
+    assert _sql(maria_db, "SELECT count(*) FROM txrepl_pending_drops") == [(0,)]
