@@ -141,7 +141,8 @@ def load_snapshot(
         url = _url(target)
     except ValueError as exc:
         raise SnapshotError(
-            f"target {target!r}: snapshots load into a SQLite file or postgresql://..."
+            f"target {target!r}: snapshots load into a SQLite file, postgresql://... or"
+            " mariadb://..."
         ) from exc
     sink = open_snapshot_loader(url, subscription=subscription, spark=spark, role=role)
     return load_into(
