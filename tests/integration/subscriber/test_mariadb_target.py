@@ -241,3 +241,18 @@ def test_a_drop_owed_by_a_crash_is_done_at_the_next_start(applier: Applier, mari
     )
     assert [c[0] for c in cols] == ["id", "email"]
     assert _sql(maria_db, "SELECT count(*) FROM txrepl_pending_drops") == [(0,)]
+
+
+def test_a_lost_connection_is_retried_on_a_new_one(applier: Applier, maria_db: str) -> None:
+    """The server drops the writer's connection between two batches (a restart, a
+    proxy's timeout): the next batch is retried on a new connection and applies."""
+    applier.apply(1, [entry(schema_op(USERS), ins("users", 1, "a", None))], incarnation=INC)
+    for (pid,) in _sql(
+        maria_db,
+        "SELECT id FROM information_schema.processlist WHERE db = DATABASE()"
+        " AND id <> connection_id()",
+    ):
+        _sql(maria_db, f"KILL {int(pid)}")
+    applier.apply(2, [entry(ins("users", 2, "b", None))], incarnation=INC)
+    assert _sql(maria_db, "SELECT id FROM users ORDER BY id") == [(1,), (2,)]
+    assert applier.load_state().level == 2
