@@ -7,6 +7,8 @@ The daemons' configs, the writers, the capture and the snapshot loaders take a
     sqlite:////absolute/path.db                 taken relative to the config file)
     postgresql://user:password@host:port/db    (also postgres://; libpq keywords in
                                                 the query string pass through)
+    mariadb://user:password@host:port/db       (also mysql://; ?unix_socket=PATH
+                                                connects through a local socket)
 
 The dialect names are the keys of each daemon's registry of sources and targets
 (``publisher.capture``, ``subscriber.targets``).  A URL of any other scheme is
@@ -21,15 +23,17 @@ from typing import Literal
 
 __all__ = ["DIALECTS", "DatabaseUrl", "Dialect"]
 
-Dialect = Literal["sqlite", "postgresql"]
-DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql")
+Dialect = Literal["sqlite", "postgresql", "mariadb"]
+DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql", "mariadb")
 
 _SCHEMES: dict[str, Dialect] = {
     "sqlite": "sqlite",
     "postgresql": "postgresql",
     "postgres": "postgresql",
+    "mariadb": "mariadb",
+    "mysql": "mariadb",
 }
-_FORMS = "use sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
+_FORMS = "use sqlite:///PATH, postgresql://USER@HOST:PORT/DB or mariadb://USER@HOST:PORT/DB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,8 @@ class DatabaseUrl:
             return cls(raw, dialect, p if p.is_absolute() else Path(base_dir) / p)
         if not rest:
             raise ValueError(f"{field} {raw!r}: {_FORMS}")
+        if dialect == "mariadb" and not rest.partition("?")[0].partition("/")[2]:
+            raise ValueError(f"{field} {raw!r}: name the database, mariadb://USER@HOST:PORT/DB")
         return cls(raw, dialect)
 
     @property

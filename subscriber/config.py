@@ -3,7 +3,7 @@
 Example::
 
     server_name = "sub1"
-    target = "sqlite:///var/target.db"    # or postgresql://user@host:port/db
+    target = "sqlite:///var/target.db"    # or postgresql://user@host:port/db, mariadb://user@host:port/db
     control_listen = "127.0.0.1:7401"      # status / pause / resume / reconnect
 
     [spark]

@@ -10,6 +10,7 @@ pytest_plugins = [
     "tests.fixtures.spark",
     "tests.fixtures.spark_cluster",
     "tests.fixtures.postgres",
+    "tests.fixtures.mariadb",
     "tests.support.backends",
 ]
 

@@ -10,6 +10,7 @@ to its package::
 
     sqlite       subscriber.targets.sqlite      SqliteWriter, SqliteSnapshotLoader
     postgresql   subscriber.targets.postgres    PostgresWriter, PostgresSnapshotLoader
+    mariadb      subscriber.targets.mariadb     MariaWriter, MariaSnapshotLoader
 
 A new target is one new package that exports what :class:`TargetPackage` lists,
 plus its line in :data:`TARGETS` (and its scheme in ``common.dburl``).
@@ -36,7 +37,7 @@ from common.security import client_channel, read_token_file
 from subscriber.apply import ApplyOptions, SparkSettings, TableOptions, Writer
 from subscriber.config import SubscriberConfig, SubscriptionConfig
 from subscriber.reinit import ShadowLoader, SnapshotError, SnapshotProgress, load_into
-from subscriber.targets import postgres, sqlite
+from subscriber.targets import mariadb, postgres, sqlite
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -76,6 +77,7 @@ class TargetPackage(Protocol):
 TARGETS: Mapping[Dialect, ModuleType] = {
     "sqlite": sqlite,
     "postgresql": postgres,
+    "mariadb": mariadb,
 }
 
 
@@ -139,7 +141,8 @@ def load_snapshot(
         url = _url(target)
     except ValueError as exc:
         raise SnapshotError(
-            f"target {target!r}: snapshots load into a SQLite file or postgresql://..."
+            f"target {target!r}: snapshots load into a SQLite file, postgresql://... or"
+            " mariadb://..."
         ) from exc
     sink = open_snapshot_loader(url, subscription=subscription, spark=spark, role=role)
     return load_into(

@@ -24,7 +24,8 @@ errors; the statements and the rules (the level check, what a skip may move) are
 here, once, for every dialect.  A dialect gives a :class:`MetadataSql`: its
 parameter marks, its SQL for "now", and how it locks the level row (PostgreSQL:
 make the row, then ``SELECT ... FOR UPDATE``; SQLite: ``BEGIN IMMEDIATE`` already
-holds the database's write lock).  ``cur`` is anything with a DB-API ``execute``
+holds the database's write lock; MariaDB: PostgreSQL's spelling rewritten by its
+``rewrite``).  ``cur`` is anything with a DB-API ``execute``
 that returns a cursor (a ``sqlite3.Connection``, a ``psycopg.Cursor``).
 """
 
@@ -57,7 +58,9 @@ class MetadataSql:
     ``mark`` formats a named parameter (``":{}"``, ``"%({})s"``); ``now`` is the
     SQL of the current time, or ``":now"`` to pass ``now_value()`` as a
     parameter; ``lock_suffix`` ends the level row's SELECT (``" FOR UPDATE"``);
-    ``make_level_row``: insert a level-0 row first, so there is a row to lock.
+    ``make_level_row``: insert a level-0 row first, so there is a row to lock;
+    ``rewrite``: the dialect's spelling of a statement written as PostgreSQL and
+    SQLite spell it (``ON CONFLICT``, ``excluded``), applied last.
     """
 
     mark: str
@@ -65,10 +68,12 @@ class MetadataSql:
     lock_suffix: str = ""
     make_level_row: bool = False
     now_value: Callable[[], object] | None = None
+    rewrite: Callable[[str], str] | None = None
 
     def _q(self, text: str) -> str:
         text = text.replace("{now}", self.now)
-        return _NAME.sub(lambda m: self.mark.format(m.group(1)), text)
+        text = _NAME.sub(lambda m: self.mark.format(m.group(1)), text)
+        return text if self.rewrite is None else self.rewrite(text)
 
     def _run(self, cur: Executor, text: str, params: Mapping[str, object]) -> Any:
         values = dict(params)

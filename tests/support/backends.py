@@ -1,4 +1,5 @@
-"""The writer contract's backends: SQLite and a private PostgreSQL, one fixture."""
+"""The writer contract's backends: SQLite, a private PostgreSQL and a private MariaDB,
+one fixture."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import pytest
 from subscriber.apply import (
     Writer,
 )
+from subscriber.targets.mariadb import MariaWriter
+from subscriber.targets.mariadb._conn import connect as maria_connect
 from subscriber.targets.postgres import PostgresWriter
 from subscriber.targets.sqlite import SqliteWriter
 
@@ -73,9 +76,42 @@ def _postgres_backend(dsn: str) -> Backend:
     return Backend("postgresql", lambda: PostgresWriter(dsn), query, execute)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def _maria_backend(url: str) -> Backend:
+    """Read and written with the apply session's settings (ANSI_QUOTES: the suite's
+    double-quoted names read as on the other targets)."""
+
+    def query(text: str) -> list[tuple[Any, ...]]:
+        conn = maria_connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(text)
+                return list(cur.fetchall())
+        finally:
+            conn.close()
+
+    def execute(text: str) -> None:
+        conn = maria_connect(url)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(text)
+            conn.commit()
+        finally:
+            conn.close()
+
+    return Backend("mariadb", lambda: MariaWriter(url), query, execute)
+
+
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ]
+)
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     if request.param == "sqlite":
         yield _sqlite_backend(tmp_path / "target.db")
-    else:
+    elif request.param == "postgresql":
         yield _postgres_backend(request.getfixturevalue("pg_db"))
+    else:
+        yield _maria_backend(request.getfixturevalue("maria_db"))

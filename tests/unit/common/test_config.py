@@ -66,6 +66,11 @@ def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> 
             "expected an integer",
         ),
         (PUB.replace('server_name = "pub1"', ""), "server_name", "required key is missing"),
+        (
+            PUB.replace("sqlite:///src.db", "mariadb://root@127.0.0.1/shop"),
+            "source",
+            "MariaDB is a target only for now",
+        ),
     ],
 )
 def test_publisher_config_errors_name_file_and_key(

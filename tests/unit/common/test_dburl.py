@@ -24,7 +24,19 @@ def test_postgres_url(raw):
     assert (u.dialect, str(u), u.path) == ("postgresql", raw, None)
 
 
-@pytest.mark.parametrize("raw", ["mysql://h/db", "sqlite://t.db", "/tmp/t.db", "postgresql://"])
+@pytest.mark.parametrize("raw", ["mysql://u@h:3306/db", "mariadb://h/db"])
+def test_mariadb_url(raw):
+    """MariaDB and MySQL URLs are one dialect, a target's (issue 26)."""
+    u = DatabaseUrl.parse(raw)
+    assert (u.dialect, str(u), u.path) == ("mariadb", raw, None)
+
+
+def test_mariadb_url_without_a_database_is_refused():
+    with pytest.raises(ValueError, match=r"^target 'mariadb://u@h:3306': name the database"):
+        DatabaseUrl.parse("mariadb://u@h:3306", field="target")
+
+
+@pytest.mark.parametrize("raw", ["oracle://h/db", "sqlite://t.db", "/tmp/t.db", "postgresql://"])
 def test_bad_url_names_the_field(raw):
     """Anything else is refused with the key and the accepted forms."""
     with pytest.raises(ValueError, match=r"^target .*(sqlite:///PATH)"):
