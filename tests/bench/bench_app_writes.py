@@ -14,7 +14,9 @@ daemon runs on it: its triggers are installed and it captures while the applicat
 writes, taking SQLite's write lock to read and release capture rows).  The figure is
 the application's wall time for the workload; the goal is ``captured`` at most 1.5 times
 ``plain``.  The publisher's lock waits (``txrepl_capture_lock_waits_total``) are
-reported beside it.
+reported beside it, and so is the application's CPU time (``*_cpu_s``: SQLite runs in
+this process, the publisher in another): on a loaded machine the wall time is mostly
+time spent waiting for a core and varies 2x from run to run, the CPU time much less.
 
     .venv/bin/python -m tests.bench app_writes
 """
@@ -98,8 +100,8 @@ WORKLOADS: dict[str, tuple[list[str], Callable[[sqlite3.Connection], Callable[[]
 MODES = ("plain", "triggers", "captured")
 
 
-def _once(workload: str, mode: str) -> tuple[float, float]:
-    """One timed run: (the application's seconds, the publisher's lock waits)."""
+def _once(workload: str, mode: str) -> tuple[float, float, float]:
+    """One timed run: (the application's seconds, its CPU seconds, the publisher's lock waits)."""
     tables, prepare = WORKLOADS[workload]
     pair = Pair(Path(tempfile.mkdtemp(prefix=f"txrepl-bench-appw-{workload}-")), tables=tables)
     conn = sqlite_source(pair.source_path)
@@ -110,12 +112,12 @@ def _once(workload: str, mode: str) -> tuple[float, float]:
             wait_until(lambda: _installed(pair.source_path, tables), 60, "capture triggers")
         if mode == "triggers":
             pair.stop()  # the triggers stay: their own cost, without the capture's reads
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         write()
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         if mode != "captured" or pair.pub is None:
-            return seconds, 0.0
-        return seconds, _lock_waits(pair.pub.metrics_address)
+            return seconds, cpu, 0.0
+        return seconds, cpu, _lock_waits(pair.pub.metrics_address)
     finally:
         conn.close()
         pair.stop()
@@ -128,14 +130,17 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
     with scrubbed_bench_env():
         for workload in WORKLOADS:
             times: dict[str, list[float]] = {m: [] for m in MODES}
+            cpus: dict[str, list[float]] = {m: [] for m in MODES}
             waits: list[float] = []
             for _ in range(repeats):
                 for mode in MODES:
-                    seconds, lock_waits = _once(workload, mode)
+                    seconds, cpu, lock_waits = _once(workload, mode)
                     times[mode].append(seconds)
+                    cpus[mode].append(cpu)
                     if mode == "captured":
                         waits.append(lock_waits)
             median = {m: statistics.median(times[m]) for m in MODES}
+            cpu_median = {m: statistics.median(cpus[m]) for m in MODES}
             row: dict[str, Any] = {
                 "measure": "app_write_time",
                 "workload": workload,
@@ -143,6 +148,9 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
                 **{f"{m}_s": round(median[m], 2) for m in MODES},
                 "ratio": round(median["captured"] / median["plain"], 2),
                 "triggers_ratio": round(median["triggers"] / median["plain"], 2),
+                **{f"{m}_cpu_s": round(cpu_median[m], 2) for m in MODES},
+                "cpu_ratio": round(cpu_median["captured"] / cpu_median["plain"], 2),
+                "triggers_cpu_ratio": round(cpu_median["triggers"] / cpu_median["plain"], 2),
                 **{f"{m}_runs_s": [round(t, 2) for t in times[m]] for m in MODES},
                 "capture_lock_waits": statistics.median(waits),
             }

@@ -10,9 +10,10 @@ the source database, written by triggers in the writer's own transaction::
                                      -- else only this publication (snapshots)
                     tbl TEXT, op TEXT,   -- 'I' 'U' 'D' row changes, 'S' schema,
                                          -- 'T' truncate (a rebuilt table)
-                    k, v,            -- k: old primary key, v: new row, each a JSON
-                                     -- array of SQL literals from quote(); for 'S',
-                                     -- v is a serialized txrepl.v1.TableSchema
+                    k, v,            -- k: old primary key, v: new row, each a
+                                     -- packed image (shapes.py; images.py reads
+                                     -- it); for 'S', v is a serialized
+                                     -- txrepl.v1.TableSchema
                     gen)             -- the shape k and v are in (_txrepl_shapes)
     _txrepl_pubs(publication, incarnation, tbl, added_id)   -- what is installed
     _txrepl_shapes(gen, tbl, schema)  -- each build of a table's triggers
@@ -25,11 +26,11 @@ a published table, while running and across restarts).
   transaction) yields whole transactions in commit order; they become one entry
   per publication (group commit).  SQLite gives triggers no transaction id, so
   an entry may hold several consecutive transactions, never part of one.
-* Exact values.  quote() renders integers, text, blobs (X'..') and reals with
-  enough digits to round-trip, unlike json_array's 15-digit reals; TEXT holding a NUL
-  (where quote() stops) travels as its bytes (``shapes.literal``), TEXT that is not
-  UTF-8 is read with surrogate escapes and carried as ``text_bytes``.  Values keep
-  their storage class (``exact.py``): docs/types.md.
+* Exact values.  The packed image carries text and blobs as their stored bytes
+  (a NUL included) and integers and reals as quote() renders them (enough digits
+  to round-trip, unlike json_array's 15-digit reals); TEXT that is not UTF-8 is
+  read with surrogate escapes and carried as ``text_bytes``.  Values keep their
+  storage class (``exact.py``): docs/types.md.
 * Adding a table to a publication is ONE source write transaction (BEGIN
   IMMEDIATE): (re)create the triggers, append an 'S' row carrying the table's
   schema, copy every existing row as an 'I' row tagged with the publication, and
@@ -49,7 +50,6 @@ Limits (documented in the README): a table needs a primary key.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,7 +64,8 @@ from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
 from publisher.capture.health import CaptureHealth
-from publisher.capture.sqlite.exact import encode_stored, parse_sql_literal
+from publisher.capture.sqlite.exact import encode_stored
+from publisher.capture.sqlite.images import decode_image, image_values_at, parse_sql_literal
 from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
@@ -198,14 +199,18 @@ class SqliteCapture:
         ).fetchone()
         return None if row is None else (int(row[0]), pb.TableSchema.FromString(row[1]))
 
-    def _triggers_present(self, table: str) -> bool:
+    def _triggers_present(self, table: str) -> tuple[bool, bool]:
+        """(all three triggers exist, one writes the JSON images of older builds)."""
         names = [trigger_name(tag, table) for tag in TRIGGER_TAGS]
-        (n,) = self._conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? "
-            "AND name IN (?, ?, ?)",
-            (table, *names),
-        ).fetchone()
-        return bool(n == len(names))
+        sqls = [
+            str(r[0])
+            for r in self._conn.execute(
+                "SELECT sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ? "
+                "AND name IN (?, ?, ?)",
+                (table, *names),
+            )
+        ]
+        return len(sqls) == len(names), any("json_array(" in sql for sql in sqls)
 
     def _refresh_table(self, table: str, *, log_change: bool) -> int:
         """Steps 1-4 of shapes.py for one table, inside the caller's write transaction.
@@ -215,9 +220,11 @@ class SqliteCapture:
         """
         schema = self.read_schema(table)
         latest = self._latest(table)
-        present = self._triggers_present(table)
+        present, json_images = self._triggers_present(table)
         if latest is not None and present and latest[1] == schema:
-            if not carry_origin(self._conn, table):  # an earlier build's: same rows, + origin
+            # an earlier build's triggers, same shape: rebuilt with the origin
+            # (common/origin.py) and packed images (shapes.py)
+            if json_images or not carry_origin(self._conn, table):
                 build_triggers(self._conn, schema, latest[0])
             return latest[0]
         cur = self._conn.execute(
@@ -526,16 +533,14 @@ class SqliteCapture:
             rc.table = format_table(None, r.tbl)  # the wire's form (common/names.py)
             rc.op = _OPS[r.op]
             if r.k is not None:
-                assert isinstance(r.k, str)
                 rc.key.extend(
-                    encode_stored(parse_sql_literal(x), t, s)
-                    for x, (t, s) in zip(json.loads(r.k), shape.key_types, strict=False)
+                    encode_stored(x, t, s)
+                    for x, (t, s) in zip(decode_image(r.k), shape.key_types, strict=False)
                 )
             if r.v is not None:
-                assert isinstance(r.v, str)
                 rc.row.extend(
-                    encode_stored(parse_sql_literal(x), t, s)
-                    for x, (t, s) in zip(json.loads(r.v), shape.types, strict=False)
+                    encode_stored(x, t, s)
+                    for x, (t, s) in zip(decode_image(r.v), shape.types, strict=False)
                 )
             room(op, shape.key_idx)
         if entry.ops:
@@ -547,18 +552,13 @@ class SqliteCapture:
         return entries, last
 
     def _large_key(self, r: CapturedRow, shape: _Shape) -> str:
-        """The key of a row too large to read, read alone from SQLite (json_extract)."""
+        """The key of a row too large to read, read piece by piece from SQLite."""
         if not shape.key_idx:
             return "(no key)"
         col = "k" if r.op in ("U", "D") else "v"
-        at = shape.key_idx if col == "v" else range(len(shape.key_idx))
-        parts = ", ".join(f"json_extract({col}, '$[{i}]')" for i in at)
-        got = self._conn.execute(f"SELECT {parts} FROM _txrepl_capture WHERE id = ?", (r.id,))
-        row = got.fetchone() or ()
-        shown = (
-            f"{k}={(parse_sql_literal(str(x)) if x is not None else None)!r:.60}"
-            for k, x in zip(shape.schema.primary_key, row, strict=False)
-        )
+        at = shape.key_idx if col == "v" else list(range(len(shape.key_idx)))
+        values = image_values_at(self._conn, r.id, col, at)
+        shown = (f"{k}={x!r:.60}" for k, x in zip(shape.schema.primary_key, values, strict=False))
         return "(" + ", ".join(shown) + ")"
 
 

@@ -30,9 +30,9 @@ import decimal
 from collections.abc import Callable
 
 from common.rpc import txrepl_pb2 as pb
-from common.values import encode, encode_natural, sqlite_text_factory, to_decimal
+from common.values import encode, encode_natural, to_decimal
 
-__all__ = ["encode_stored", "parse_sql_literal", "stored_writer"]
+__all__ = ["encode_stored", "stored_writer"]
 
 T = pb.ColumnType
 
@@ -88,19 +88,3 @@ def stored_writer(ctype: int, scale: int) -> Callable[[pb.Value, object], None] 
         out.CopyFrom(encode_stored(v, ctype, scale))
 
     return write
-
-
-def parse_sql_literal(text: str) -> object:
-    """Parse one SQL literal as produced by SQLite's quote()."""
-    if text == "NULL":
-        return None
-    first = text[0]
-    if first == "'":
-        return text[1:-1].replace("''", "'")
-    if first in "Xx" and text[1:2] == "'":
-        return bytes.fromhex(text[2:-1])
-    if first == "t":  # TEXT holding a NUL, as its bytes (shapes.literal)
-        return sqlite_text_factory(bytes.fromhex(text[3:-1]))
-    if any(c in text for c in ".eE") or text in ("Inf", "-Inf"):
-        return float(text)
-    return int(text)

@@ -17,12 +17,13 @@ table ``_txrepl_fb_<t>`` that has one column per column of ``t``::
 
     INSERT INTO _txrepl_capture(tbl, op, k, v, gen, origin)
       SELECT 't', 'I', NULL,
-             (SELECT json_array(quote("id"), quote("a"), quote("c"))
+             (SELECT CAST(<"id"> || <"a"> || <"c"> AS BLOB)
                 FROM "t" WHERE "t"."id" IS NEW."id"),
              17, (SELECT origin FROM txrepl_applying)
         FROM "_txrepl_fb_t";
 
-(``origin``: NULL for the application's writes, the origin txrepl's apply is
+(``<x>`` is one value of the packed image: see "The row image" below.
+``origin``: NULL for the application's writes, the origin txrepl's apply is
 writing otherwise: common/origin.py, R2; an installation whose triggers predate
 it gets them rebuilt, same generation, when the publisher starts.)
 
@@ -36,6 +37,32 @@ The price is one primary key lookup per captured insert or update: on this
 machine, inserts plus updates through the triggers went from 190-200k to
 150-180k captured changes/s (100 per transaction, 2026-11-24, a throwaway
 script; W1 catch-up was not re-measured).
+
+The row image
+=============
+``k`` and ``v`` are *packed images*: a BLOB concatenating, per column, ::
+
+    t<n>:<n bytes>   TEXT, its bytes as stored (a NUL or invalid UTF-8 included)
+    b<n>:<n bytes>   BLOB
+    <quote(x)>,      INTEGER, REAL (quote() prints enough digits to round-trip), NULL
+
+``<n>`` in decimal ASCII.  SQL per value (``packed``)::
+
+    CASE typeof(x) WHEN 'text' THEN 't' || length(CAST(x AS BLOB)) || ':' || CAST(x AS BLOB)
+                   WHEN 'blob' THEN 'b' || length(x) || ':' || x
+                   ELSE quote(x) || ',' END
+
+A value is read from the row once or twice (``typeof`` of a column does not
+load it), copied as it is, never scanned character by character.  It replaced
+``json_array(<literal>, ...)`` where each literal was ``CASE WHEN typeof(x) =
+'text' AND instr(CAST(x AS BLOB), X'00') THEN 't' || quote(CAST(x AS BLOB))
+ELSE quote(x) END``: each value loaded twice, scanned by ``instr`` for a NUL,
+by ``quote`` for quotes and by ``json_array`` for characters to escape; on 100
+KB text that was most of the application's extra write time (measured in
+docs/capture-sqlite.md).  Capture rows written by older builds (JSON TEXT)
+still decode: the storage class of ``v`` tells the two apart, and installation
+rebuilds such triggers in place (same generation: same shape, only the
+encoding differs).
 
 Shapes and generations
 ======================
@@ -104,7 +131,8 @@ __all__ = [
     "carry_origin",
     "copy_rows",
     "fallback_name",
-    "literal",
+    "pack",
+    "packed",
     "qident",
     "trigger_name",
 ]
@@ -126,21 +154,27 @@ def fallback_name(table: str) -> str:
     return f"_txrepl_fb_{table}"
 
 
-def literal(expr: str) -> str:
-    """SQL for the exact literal of a value: quote()'s, except for TEXT holding a NUL
-    (quote() stops at it): ``t`` + the quoted blob of its bytes (``tX'610062'``)."""
+def packed(expr: str) -> str:
+    """SQL for one value of a packed image (module docstring, "The row image")."""
     return (
-        f"CASE WHEN typeof({expr}) = 'text' AND instr(CAST({expr} AS BLOB), X'00')"
-        f" THEN 't' || quote(CAST({expr} AS BLOB)) ELSE quote({expr}) END"
+        f"CASE typeof({expr})"
+        f" WHEN 'text' THEN 't' || length(CAST({expr} AS BLOB)) || ':' || CAST({expr} AS BLOB)"
+        f" WHEN 'blob' THEN 'b' || length({expr}) || ':' || {expr}"
+        f" ELSE quote({expr}) || ',' END"
     )
+
+
+def pack(exprs: list[str]) -> str:
+    """SQL for the packed image of ``exprs`` (a BLOB)."""
+    return f"CAST({' || '.join(packed(e) for e in exprs)} AS BLOB)"
 
 
 def _image(schema: pb.TableSchema, key_from: str) -> str:
     """The row image read back by primary key (unqualified names: see the docstring)."""
     t = qident(schema.table)
-    cols = ", ".join(literal(qident(c.name)) for c in schema.columns)
+    cols = pack([qident(c.name) for c in schema.columns])
     where = " AND ".join(f"{t}.{qident(k)} IS {key_from}.{qident(k)}" for k in schema.primary_key)
-    return f"(SELECT json_array({cols}) FROM {t} WHERE {where})"
+    return f"(SELECT {cols} FROM {t} WHERE {where})"
 
 
 def build_triggers(conn: sqlite3.Connection, schema: pb.TableSchema, gen: int) -> None:
@@ -150,17 +184,14 @@ def build_triggers(conn: sqlite3.Connection, schema: pb.TableSchema, gen: int) -
     conn.execute(f"DROP TABLE IF EXISTS {fb}")
     conn.execute(f"CREATE TABLE {fb} ({', '.join(qident(c.name) for c in schema.columns)})")
     conn.execute(f"INSERT INTO {fb} DEFAULT VALUES")
-    old_key = ", ".join(literal(f"OLD.{qident(k)}") for k in schema.primary_key)
+    old_key = pack([f"OLD.{qident(k)}" for k in schema.primary_key])
     lit = t.replace("'", "''")
     new = _image(schema, "NEW")
     org = ORIGIN  # NULL for the application's writes (common/origin.py, R2)
     bodies = {
         "i": ("INSERT", f"SELECT '{lit}', 'I', NULL, {new}, {gen}, {org} FROM {fb}"),
-        "u": (
-            "UPDATE",
-            f"SELECT '{lit}', 'U', json_array({old_key}), {new}, {gen}, {org} FROM {fb}",
-        ),
-        "d": ("DELETE", f"VALUES('{lit}', 'D', json_array({old_key}), NULL, {gen}, {org})"),
+        "u": ("UPDATE", f"SELECT '{lit}', 'U', {old_key}, {new}, {gen}, {org} FROM {fb}"),
+        "d": ("DELETE", f"VALUES('{lit}', 'D', {old_key}, NULL, {gen}, {org})"),
     }
     for tag, (event, values) in bodies.items():
         name = qident(trigger_name(tag, t))
@@ -184,9 +215,9 @@ def copy_rows(
     conn: sqlite3.Connection, schema: pb.TableSchema, gen: int, publication: str | None
 ) -> None:
     """Every current row of the table as an 'I' capture row of generation ``gen``."""
-    cols = ", ".join(literal(qident(c.name)) for c in schema.columns)
+    image = pack([qident(c.name) for c in schema.columns])
     conn.execute(
         f"INSERT INTO _txrepl_capture(pub, tbl, op, v, gen) "
-        f"SELECT ?, ?, 'I', json_array({cols}), ? FROM {qident(schema.table)}",
+        f"SELECT ?, ?, 'I', {image}, ? FROM {qident(schema.table)}",
         (publication, schema.table, gen),
     )
