@@ -36,6 +36,7 @@ from prometheus_client import Counter, Histogram
 from common import metrics
 from common.daemon import serve_daemon
 from common.health import HealthBoard, Reading, health_loop
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
     AuthInterceptor,
@@ -201,8 +202,17 @@ class Subscriber:
     def open(self) -> None:
         cfg = self.config
         cfg.data_path.mkdir(parents=True, exist_ok=True)
+        if cfg.batch.max_delay_ms:
+            log.warning(
+                "[batch] max_delay_ms is no longer used: an apply takes what arrived while "
+                "the previous one ran, at once (natural batching); remove the setting",
+                max_delay_ms=cfg.batch.max_delay_ms,
+            )
         self.spark = create_spark_session(spark_settings(cfg))  # executors' settings too
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
+        stages = StageLatency(
+            "txrepl_subscription_stage_seconds", "subscription", self.metrics_registry
+        )
         for sc in cfg.subscription:
             writer = open_writer(cfg.target_url, cfg.apply)
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
@@ -217,6 +227,7 @@ class Subscriber:
                 channel_factory=aio_channel_factory(sc.client_tls, cfg.path, token=sub.token),
                 # The same builder as ``txrepl subscriber reinit`` (subscriber/targets).
                 snapshot=snapshot_loader(cfg, sc, self.spark),
+                stages=stages,
             )
 
     async def serve(self) -> None:
