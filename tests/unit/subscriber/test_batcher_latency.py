@@ -18,10 +18,10 @@ def _entry(n: int) -> bytes:
     return pb.Entry(source_position=str(n)).SerializeToString()
 
 
-def _in_sync_batcher(**batch: int) -> Batcher:
+def _in_sync_batcher(batch: BatchConfig | None = None) -> Batcher:
     state = SubscriptionState("s", 0, "inc")
     state.set("in_sync")
-    return Batcher(BatchConfig(**batch), state, asyncio.Event())
+    return Batcher(batch or BatchConfig(), state, asyncio.Event())
 
 
 async def _turns(n: int) -> None:
@@ -36,8 +36,8 @@ def test_an_idle_apply_takes_a_single_entry_without_waiting_for_more() -> None:
     the apply no longer lingers for more entries.
     """
 
-    async def main() -> tuple[bool, object]:
-        batcher = _in_sync_batcher(max_delay_ms=60_000)
+    async def main() -> tuple[bool, tuple[int, list[bytes], int, bool] | None]:
+        batcher = _in_sync_batcher(BatchConfig(max_delay_ms=60_000))
         gather = asyncio.ensure_future(batcher.gather())
         never = asyncio.ensure_future(asyncio.Event().wait())  # a consumer that stays
         assert await batcher.put(1, [_entry(1)], 1, never)  # type: ignore[arg-type]
@@ -51,7 +51,7 @@ def test_an_idle_apply_takes_a_single_entry_without_waiting_for_more() -> None:
     done, got = asyncio.run(main())
     assert done, "the apply is still waiting for more entries"
     assert got is not None
-    first_seq, payloads, _, hold = got  # type: ignore[misc]
+    first_seq, payloads, _, hold = got
     assert (first_seq, len(payloads), hold) == (1, 1, False)
 
 
