@@ -1,7 +1,9 @@
 """The subscriber daemon: one SparkSession, one runner per subscription, a control port.
 
-Start-up: validate the config, start the long-lived SparkSession, open the
-target for each subscription and read its level, bind the control port, write
+Start-up: validate the config, start the long-lived SparkSession in a thread
+(subscriber/apply/lazy.py: small in-sync batches need no Spark job, so the
+subscriptions do not wait for the JVM), open the target for each subscription and
+read its level, bind the control port, write
 ``<data_dir>/subscriber.addr``, start the metrics endpoint (``metrics.addr``),
 then READY.  The watchdog is pinged while the event loop and Spark's JVM live.
 Each subscription runs in its own task, so one subscription's cut, error or
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import structlog
@@ -55,6 +57,7 @@ from subscriber.apply import (
     Writer,
     create_spark_session,
 )
+from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
 from subscriber.subscription import STATES, SubscriptionRunner
@@ -208,7 +211,10 @@ class Subscriber:
                 "the previous one ran, at once (natural batching); remove the setting",
                 max_delay_ms=cfg.batch.max_delay_ms,
             )
-        self.spark = create_spark_session(spark_settings(cfg))  # executors' settings too
+        # Started in a thread (subscriber/apply/lazy.py): the subscriptions connect and
+        # apply small batches meanwhile; a Spark job waits for it.
+        settings = spark_settings(cfg)  # executors' settings too
+        self.spark = cast("SparkSession", LazySpark(lambda: create_spark_session(settings)))
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         stages = StageLatency(
             "txrepl_subscription_stage_seconds", "subscription", self.metrics_registry
@@ -303,15 +309,15 @@ class Subscriber:
         self.notifier.status("drained: " + _levels(self.runners))
 
     def close(self) -> None:
-        if self.spark is not None:
+        if self.spark is not None and not (isinstance(self.spark, LazySpark) and self.spark.failed):
             self.spark.stop()
 
     def stopped_fields(self) -> dict[str, Any]:
         return {"levels": {n: r.level for n, r in self.runners.items()}}
 
     def _spark_alive(self) -> bool:
-        if self.spark is None:
-            return True
+        if self.spark is None or spark_starting(self.spark):
+            return True  # starting: the watchdog waits for it, as it did in open()
         try:
             return not self.spark.sparkContext._jsc.sc().isStopped()
         except Exception:
