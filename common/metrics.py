@@ -91,6 +91,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "PostgreSQL source: flush lag the walsender measures while capture streams; "
         "while it does not, seconds since capture last streamed (0 when caught up)",
     ),
+    "txrepl_publication_stage_seconds": (
+        "histogram",
+        ("publication", "stage"),
+        "latency of one leg of an entry's path in the publisher: capture (source commit "
+        "-> append), durable (append -> fsynced and visible), send (visible -> written "
+        "to a feed); common/latency.py",
+    ),
     "txrepl_subscriber_level": ("gauge", ("publication", "subscriber"), "acked level"),
     "txrepl_subscriber_lag_entries": ("gauge", ("publication", "subscriber"), "head - level"),
     "txrepl_subscriber_lag_seconds": (
@@ -147,6 +154,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "histogram",
         ("subscription",),
         "wall time of one batch apply (Spark and target commit)",
+    ),
+    "txrepl_subscription_stage_seconds": (
+        "histogram",
+        ("subscription", "stage"),
+        "latency of one leg of an entry's path in the subscriber: receive (publisher "
+        "send -> read), queue (read -> taken by an apply), apply (planning), commit "
+        "(target transaction), total (source commit -> target commit); common/latency.py",
     ),
     "txrepl_apply_errors": ("counter", ("subscription", "error"), "failed batch applies"),
 }

@@ -39,6 +39,7 @@ from common import metrics
 from common.daemon import serve_daemon
 from common.feedstatus import CutKind, cut_label
 from common.health import HealthBoard, Reading, health_loop
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
@@ -239,6 +240,8 @@ class Publisher:
         self.metrics_server: metrics.MetricsServer | None = None
         self.health = HealthBoard()
         self.node = ""  # the source's node name (common/origin.py), known once open
+        # Exported from the registry open_metrics makes (common/latency.py).
+        self.stages = StageLatency("txrepl_publication_stage_seconds", "publication")
 
     def open(self) -> None:
         cfg = self.config
@@ -252,7 +255,8 @@ class Publisher:
                 fsync_interval_ms=cfg.log.fsync_interval_ms,
                 segment_bytes=cfg.log.segment_bytes,
             )
-            self.publications[pc.name] = Publication(pc, plog)
+            self.publications[pc.name] = pub = Publication(pc, plog)
+            pub.measure(self.stages)
         self.registry = MeteredRegistry(
             cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
         )
@@ -349,6 +353,7 @@ class Publisher:
     def open_metrics(self) -> Any:
         registry = metrics.new_registry()
         registry.register(PublisherCollector(self))
+        self.stages.register(registry)
         return registry
 
     def ready_fields(self, address: str) -> dict[str, Any]:

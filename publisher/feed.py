@@ -413,12 +413,14 @@ class FeedManager:
                 size = sum(map(len, payloads))
                 feed.inflight.append((feed.last_sent, size))
                 feed.inflight_bytes += size
+                msg.batch.sent_us = int(time.time() * 1_000_000)  # the "receive" stage
                 if not await self._send(feed, context, msg):
                     return self._cut(
                         feed,
                         pb.CUT_KIND_SEND_TIMEOUT,
                         f"send timeout: a send blocked more than {cfg.send_timeout_s}s",
                     )
+                pub.sent(msg.batch.first_seq)  # the "send" stage (common/latency.py)
                 if (
                     feed.state == "in_sync"
                     and cfg.queue_threshold_bytes

@@ -15,18 +15,29 @@ Origins (``common/origin.py``, R1): an entry that capture did not give an origin
 A group left open (a restart, a capture failure) is closed by
 :meth:`abort_group`: one empty entry with ``aborted`` set, so subscribers apply
 none of it and capture carries it again from its resume point.
+
+Stage latency (common/latency.py), once :meth:`Publication.measure` is called:
+``capture`` at each append; ``durable`` when the head passes the entry (a log
+listener, or the append itself when it waited for its fsync: both settle the
+pending appends under ``_stage_lock``, in seq order); the time each entry became
+durable is kept for the last ``_DURABLE_KEPT`` seqs, which the feed reads for
+``send`` (:meth:`Publication.sent`).
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from publisher.config import PublicationConfig
 from publisher.log import Log
 
 __all__ = ["Publication"]
+
+_DURABLE_KEPT = 8192  # seqs whose durable time the feeds may still ask for
 
 
 class Publication:
@@ -39,7 +50,51 @@ class Publication:
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
         self.last_commit_time = time.time()
+        self.stages: StageLatency | None = None
+        self._stage_lock = threading.Lock()
+        self._appended: collections.deque[tuple[int, float]] = collections.deque()
+        self._durable: collections.deque[tuple[int, float]] = collections.deque(
+            maxlen=_DURABLE_KEPT
+        )
         self.abort_group()  # left open by a crash between two fragments (P3)
+
+    # -- stage latency ------------------------------------------------------------------
+
+    def measure(self, stages: StageLatency) -> None:
+        """Observe this publication's ``capture``, ``durable`` and ``send`` stages."""
+        self.stages = stages
+        self.log.add_listener(self._on_head)
+
+    def _on_head(self, head: int) -> None:
+        with self._stage_lock:
+            self._settle(head)
+
+    def _settle(self, head: int) -> None:
+        """Appends at or below ``head`` are durable now (``_stage_lock`` held)."""
+        stages, pending = self.stages, self._appended
+        if stages is None or not pending:
+            return
+        now = time.time()
+        while pending and pending[0][0] <= head:
+            seq, began = pending.popleft()
+            stages.observe(self.name, "durable", now - began)
+            self._durable.append((seq, now))
+
+    def sent(self, seq: int) -> None:
+        """A feed wrote entry ``seq`` to its stream: its ``send`` stage, if still known."""
+        stages = self.stages
+        if stages is None:
+            return
+        with self._stage_lock:
+            kept = self._durable
+            if not kept:
+                return
+            i = seq - kept[0][0]
+            if not 0 <= i < len(kept):
+                return
+            at_seq, durable_at = kept[i]
+        if at_seq == seq:
+            stages.observe(self.name, "send", time.time() - durable_at)
 
     def _position_from_log(self) -> int:
         if self.log.head == 0 or self.log.head < self.log.first_seq:
@@ -82,11 +137,18 @@ class Publication:
                 entry.source_position = str(position)
             else:
                 entry.source_position = str(self.position)
+            began = time.time()
             if not entry.commit_time_us:
-                entry.commit_time_us = int(time.time() * 1_000_000)
+                entry.commit_time_us = int(began * 1_000_000)
+            elif self.stages is not None:
+                self.stages.observe(self.name, "capture", began - entry.commit_time_us / 1e6)
             if not entry.origin:  # made here, not applied by txrepl (common/origin.py, R1)
                 entry.origin = self.node
             seq = self.log.append([entry.SerializeToString()], wait=wait)
+            if self.stages is not None:
+                with self._stage_lock:
+                    self._appended.append((seq, began))
+                    self._settle(self.log.head)  # an append that waited is durable already
             if position is not None:
                 self.position = position
             self.last_commit_time = entry.commit_time_us / 1_000_000

@@ -22,6 +22,16 @@ The apply takes work with :meth:`Batcher.gather`: everything that arrived while
 the last apply ran, up to ``max_entries`` / ``max_bytes``.  ``None`` in the
 queue ends the session (:meth:`end`, :meth:`drop`).
 
+Natural batching (issue 23): ``gather`` never waits for more than what is
+there.  An idle apply takes an entry the moment it is queued (one entry, one
+target transaction, no timer); entries that arrive while an apply runs join
+the newest untaken item (above) and go, all together, into the next apply.  So
+batches grow with the load by themselves: one entry each at a trickle, as many
+as arrived during the previous apply under a burst, and the limits bound them.
+The ``[batch] max_delay_ms`` linger this replaces added up to 25 ms to every
+in-sync entry for the sake of larger transactions that the load makes anyway
+(docs/performance.md has the measurements).
+
 Groups (``common/fragments.py``, rule S1): a batch ends only at a group's end,
 so the level it commits never points inside a source transaction.  What
 follows the last group end of a gathered batch is carried over to the next
@@ -82,6 +92,7 @@ class Batcher:
         self._put: asyncio.Future[None] | None = None
         self._carry: Received | None = None  # entries after the last group end of a batch
         self._group_start: int | None = None  # of a group handed out in pieces, still open
+        self.received_at = time.monotonic()  # of the oldest part of the last gathered batch
 
     # -- the receive side ----------------------------------------------------------
 
@@ -146,15 +157,16 @@ class Batcher:
     def pending(self) -> bool:
         return self._carry is not None or not self.queue.empty()
 
-    async def gather(self, *, linger: bool) -> tuple[int, list[bytes], int, bool] | None:
+    async def gather(self) -> tuple[int, list[bytes], int, bool] | None:
         """The next batch to apply, or None once the session ends.
 
         Returns (first seq, entries, bytes, open): ``open`` when the batch is a piece
         of a group over the limits that the next batch goes on with.
 
-        Natural batching: everything that arrived while the last apply ran goes into
-        this one, up to the limits; with ``linger`` (in sync), waiting up to
-        ``max_delay_ms`` for more.
+        Natural batching: waits only while nothing at all is queued; then takes
+        everything that arrived while the last apply ran, up to the limits, and
+        returns at once (no timer).  :attr:`received_at` is then the arrival
+        time (``time.monotonic``) of the batch's oldest part.
         """
         queue = self.queue
         item: Received | None
@@ -165,22 +177,16 @@ class Batcher:
         if item is None:
             return None
         item.taken = True
+        self.received_at = item.received_at
         first_seq = item.first_seq
         payloads = list(item.entries)
         size = item.size
-        deadline = time.monotonic() + self.batch.max_delay_ms / 1000
-        lingering = linger and self.batch.max_delay_ms > 0 and self.state.in_sync
-        while len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
-            if queue.empty():
-                left = deadline - time.monotonic()
-                if not lingering or left <= 0:
-                    break
-                try:
-                    nxt = await asyncio.wait_for(queue.get(), left)
-                except TimeoutError:
-                    break
-            else:
-                nxt = queue.get_nowait()
+        while (
+            len(payloads) < self.batch.max_entries
+            and size < self.batch.max_bytes
+            and not queue.empty()
+        ):
+            nxt = queue.get_nowait()
             if nxt is None:
                 queue.put_nowait(None)
                 break
@@ -207,7 +213,9 @@ class Batcher:
         if cut < len(payloads):
             rest = payloads[cut:]
             rest_size = sum(map(len, rest))
-            self._carry = Received(first_seq + cut, rest, self.state.head, size=rest_size)
+            self._carry = Received(
+                first_seq + cut, rest, self.state.head, received_at=self.received_at, size=rest_size
+            )
             self._carry.taken = True
             del payloads[cut:]
             size -= rest_size

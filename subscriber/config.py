@@ -133,10 +133,10 @@ class BatchConfig:
     max_entries: int = 64_000
     max_bytes: int = 64 * 1024 * 1024
     queue_batches: int = 16  # received batches waiting to be applied (back-pressure)
-    # In sync, an apply that finds fewer than max_entries waiting waits up to this long
-    # for more (fewer, larger target transactions at the cost of lag); 0: apply at once,
-    # with whatever arrived while the previous apply ran.
-    max_delay_ms: int = 25
+    # No longer used (issue 23): an apply takes whatever arrived while the previous one
+    # ran, at once (natural batching, subscriber/batcher.py).  Still accepted, so a
+    # configuration naming it loads; the daemon logs a warning when it is not 0.
+    max_delay_ms: int = 0
     # While a batch is written to the target, the next one (if already received) is
     # planned: walk, decoding and the Spark net-effect job overlap the target's work.
     plan_ahead: bool = True

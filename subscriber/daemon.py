@@ -1,7 +1,9 @@
 """The subscriber daemon: one SparkSession, one runner per subscription, a control port.
 
-Start-up: validate the config, start the long-lived SparkSession, open the
-target for each subscription and read its level, bind the control port, write
+Start-up: validate the config, start the long-lived SparkSession in a thread
+(subscriber/apply/lazy.py: small in-sync batches need no Spark job, so the
+subscriptions do not wait for the JVM), open the target for each subscription and
+read its level, bind the control port, write
 ``<data_dir>/subscriber.addr``, start the metrics endpoint (``metrics.addr``),
 then READY.  The watchdog is pinged while the event loop and Spark's JVM live.
 Each subscription runs in its own task, so one subscription's cut, error or
@@ -27,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Coroutine, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import grpc
 import structlog
@@ -36,6 +38,7 @@ from prometheus_client import Counter, Histogram
 from common import metrics
 from common.daemon import serve_daemon
 from common.health import HealthBoard, Reading, health_loop
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import (
     AuthInterceptor,
@@ -54,6 +57,7 @@ from subscriber.apply import (
     Writer,
     create_spark_session,
 )
+from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
 from subscriber.subscription import STATES, SubscriptionRunner
@@ -201,8 +205,20 @@ class Subscriber:
     def open(self) -> None:
         cfg = self.config
         cfg.data_path.mkdir(parents=True, exist_ok=True)
-        self.spark = create_spark_session(spark_settings(cfg))  # executors' settings too
+        if cfg.batch.max_delay_ms:
+            log.warning(
+                "[batch] max_delay_ms is no longer used: an apply takes what arrived while "
+                "the previous one ran, at once (natural batching); remove the setting",
+                max_delay_ms=cfg.batch.max_delay_ms,
+            )
+        # Started in a thread (subscriber/apply/lazy.py): the subscriptions connect and
+        # apply small batches meanwhile; a Spark job waits for it.
+        settings = spark_settings(cfg)  # executors' settings too
+        self.spark = cast("SparkSession", LazySpark(lambda: create_spark_session(settings)))
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
+        stages = StageLatency(
+            "txrepl_subscription_stage_seconds", "subscription", self.metrics_registry
+        )
         for sc in cfg.subscription:
             writer = open_writer(cfg.target_url, cfg.apply)
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
@@ -217,6 +233,7 @@ class Subscriber:
                 channel_factory=aio_channel_factory(sc.client_tls, cfg.path, token=sub.token),
                 # The same builder as ``txrepl subscriber reinit`` (subscriber/targets).
                 snapshot=snapshot_loader(cfg, sc, self.spark),
+                stages=stages,
             )
 
     async def serve(self) -> None:
@@ -292,15 +309,15 @@ class Subscriber:
         self.notifier.status("drained: " + _levels(self.runners))
 
     def close(self) -> None:
-        if self.spark is not None:
+        if self.spark is not None and not (isinstance(self.spark, LazySpark) and self.spark.failed):
             self.spark.stop()
 
     def stopped_fields(self) -> dict[str, Any]:
         return {"levels": {n: r.level for n, r in self.runners.items()}}
 
     def _spark_alive(self) -> bool:
-        if self.spark is None:
-            return True
+        if self.spark is None or spark_starting(self.spark):
+            return True  # starting: the watchdog waits for it, as it did in open()
         try:
             return not self.spark.sparkContext._jsc.sc().isStopped()
         except Exception:

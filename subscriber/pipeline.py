@@ -20,6 +20,11 @@ next Hello carries the applied level, so the publisher resends from level + 1.
 A gap (first seq != expected) is refused by the stream before it gets here.
 The ack only lets the publisher's retention and status move on: a lost ack
 loses nothing.
+
+Latency (issue 23): a batch is gathered the moment anything is queued
+(natural batching, subscriber.batcher) and applied at once; each applied batch
+observes the ``queue``, ``apply``, ``commit`` and ``total`` stages
+(common/latency.py).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from collections.abc import Callable
 
 import structlog
 
-from subscriber.apply import AnyEntry, Applier, Planned, RawEntry
+from common.latency import StageLatency
+from subscriber.apply import AnyEntry, Applier, ApplyResult, Planned, RawEntry
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig
 from subscriber.state import SubscriptionState
@@ -58,7 +64,9 @@ class ApplyPipeline:
         batcher: Batcher,
         stream: FeedStream,
         on_in_sync: Callable[[], bool],
+        stages: StageLatency | None = None,
     ) -> None:
+        self.stages = stages
         self.applier = applier
         self.batch = batch
         self.state = state
@@ -70,22 +78,25 @@ class ApplyPipeline:
     async def run(self) -> None:
         """Apply batches until the batcher ends the session (or an apply fails)."""
         batcher, st = self.batcher, self.state
-        ahead: tuple[int, int, bool, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None = None
+        ahead: (
+            tuple[int, int, bool, float, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None
+        ) = None
         try:
             while True:
                 planned: Planned | None = None
                 if ahead is not None:
                     if self.ending:
                         return  # dropped with the queue: resent after the next Hello
-                    first_seq, size, hold, planning = ahead
+                    first_seq, size, hold, received_at, planning = ahead
                     ahead = None
                     started = time.monotonic()
                     entries, planned = await planning
                 else:
-                    got = await batcher.gather(linger=True)
+                    got = await batcher.gather()
                     if got is None:
                         return
                     first_seq, payloads, size, hold = got
+                    received_at = batcher.received_at
                     started = time.monotonic()
                     if (
                         not hold
@@ -117,7 +128,7 @@ class ApplyPipeline:
                 if planned is not None and planned.error is None and not batcher.pending():
                     await asyncio.sleep(0)  # let the receive loop queue what it holds
                 if planned is not None and planned.error is None and batcher.pending():
-                    got = await batcher.gather(linger=False)
+                    got = await batcher.gather()
                     if got is None:
                         batcher.again()  # seen again once this batch is acked
                     else:
@@ -126,6 +137,7 @@ class ApplyPipeline:
                             nxt_first,
                             nxt_size,
                             nxt_hold,
+                            batcher.received_at,
                             asyncio.ensure_future(
                                 asyncio.to_thread(
                                     self._parse_and_plan, nxt_first, nxt_payloads, planned
@@ -136,6 +148,8 @@ class ApplyPipeline:
                 if hold:
                     continue  # a piece of a group: the level moves with its last piece
                 now = time.time()
+                if self.stages is not None and entries:
+                    self._observe(entries, received_at, started, result, now)
                 st.level = result.level
                 st.applied_entries += len(entries)
                 st.applied_rows += result.rows
@@ -164,11 +178,30 @@ class ApplyPipeline:
             if ahead is not None:
                 # A plan thread cannot be cancelled: let it end before the session does.
                 with contextlib.suppress(BaseException):
-                    await ahead[3]
+                    await ahead[4]
             if self._holding():
                 # A group handed out in pieces was not finished: nothing of it stays
                 # (the next session sends it again from its first fragment).
                 await asyncio.to_thread(self.applier.abandon)
+
+    def _observe(
+        self,
+        entries: list[AnyEntry],
+        received_at: float,
+        started: float,
+        result: ApplyResult,
+        now: float,
+    ) -> None:
+        """One applied batch's ``queue``, ``apply``, ``commit`` and ``total`` stages."""
+        stages, name = self.stages, self.state.name
+        assert stages is not None
+        stages.observe(name, "queue", started - received_at)
+        # The apply call's time less its planning is the target transaction (when the
+        # plan was made ahead, the call was the write alone).
+        plan = 0.0 if result.planned_ahead else result.plan_seconds
+        stages.observe(name, "apply", result.plan_seconds)
+        stages.observe(name, "commit", result.seconds - plan)
+        stages.observe(name, "total", now - entries[0].commit_time_us / 1e6)
 
     def _holding(self) -> bool:
         """The applier holds a group's target transaction open (subscriber/apply/_pieces.py)."""

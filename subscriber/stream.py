@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
 
 from common.feedstatus import RefusalKind, refusal_kind
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from subscriber.batcher import Batcher
@@ -182,8 +184,12 @@ class FeedStream:
         batcher: Batcher,
         consumer: asyncio.Task[None],
         on_in_sync: Callable[[], Any],
+        stages: StageLatency | None = None,
     ) -> None:
-        """Read the stream into ``batcher`` until it ends or ``consumer`` does."""
+        """Read the stream into ``batcher`` until it ends or ``consumer`` does.
+
+        ``stages``: observes each batch message's ``receive`` stage (common/latency.py).
+        """
         expected = state.level + 1
         try:
             while True:
@@ -195,6 +201,8 @@ class FeedStream:
                 kind = msg.WhichOneof("kind")
                 if kind == "batch":
                     b = msg.batch
+                    if stages is not None and b.sent_us:
+                        stages.observe(state.name, "receive", time.time() - b.sent_us / 1e6)
                     if b.first_seq != expected:
                         raise PermanentFeedError(
                             f"gap in the feed: got seq {b.first_seq}, expected {expected}"

@@ -37,6 +37,7 @@ import structlog
 
 from common.backoff import Backoff
 from common.exits import rpc_failure
+from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.security import aio_channel_factory
 from subscriber.apply import Applier, ApplyError
@@ -76,8 +77,11 @@ class SubscriptionRunner:
         channel_factory: Callable[[str], grpc.aio.Channel] | None = None,
         clock: Clock | None = None,
         snapshot: Callable[[], tuple[str, int]] | None = None,
+        stages: StageLatency | None = None,
     ) -> None:
         self.config = config
+        # Per-stage latency (common/latency.py): the daemon's, exported; else counted only.
+        self.stages = stages or StageLatency("txrepl_subscription_stage_seconds", "subscription")
         self.name = config.id
         self.subscriber_name = subscriber_name
         self.applier = applier
@@ -322,10 +326,13 @@ class SubscriptionRunner:
                     batcher,
                     stream,
                     on_in_sync=lambda: self._at_head(batcher),
+                    stages=self.stages,
                 )
                 applier = asyncio.create_task(pipeline.run())
                 try:
-                    await stream.receive(st, batcher, applier, lambda: self._at_head(batcher))
+                    await stream.receive(
+                        st, batcher, applier, lambda: self._at_head(batcher), self.stages
+                    )
                 finally:
                     if not applier.done():
                         # Let the batch in flight finish (a thread cannot be cancelled),

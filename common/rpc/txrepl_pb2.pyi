@@ -752,8 +752,14 @@ class Batch(_message.Message):
     FIRST_SEQ_FIELD_NUMBER: _builtins.int
     ENTRIES_FIELD_NUMBER: _builtins.int
     HEAD_FIELD_NUMBER: _builtins.int
+    SENT_US_FIELD_NUMBER: _builtins.int
     first_seq: _builtins.int
     head: _builtins.int
+    sent_us: _builtins.int
+    """Publisher's wall clock (unix microseconds) just before the message was written:
+    the subscriber's "receive" stage latency (common/latency.py).  0 from older
+    publishers.
+    """
     @_builtins.property
     def entries(self) -> _containers.RepeatedScalarFieldContainer[_builtins.bytes]: ...
     def __init__(
@@ -762,10 +768,11 @@ class Batch(_message.Message):
         first_seq: _builtins.int = ...,
         entries: _abc.Iterable[_builtins.bytes] | None = ...,
         head: _builtins.int = ...,
+        sent_us: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "first_seq", b"first_seq", "head", b"head"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "first_seq", b"first_seq", "head", b"head", "sent_us", b"sent_us"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

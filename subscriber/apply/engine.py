@@ -100,6 +100,7 @@ from subscriber.apply.errors import (
     PoisonEntryError,
     TransientError,
 )
+from subscriber.apply.lazy import spark_starting
 from subscriber.apply.options import ApplyOptions
 from subscriber.apply.writer import Step, SubscriptionState, Writer
 
@@ -202,7 +203,8 @@ class Applier(Planning, Pieces):
         of during its first batch (measured: the first W1 catch-up batch took 6 s
         against 0.6-0.9 s for the next ones while the job only started in the
         background).  It waits at most ``WARM_UP_WAIT_S``; jobs still running then
-        (a cluster without executors) go on in the background.
+        (a cluster without executors) go on in the background.  On a session still
+        starting (:class:`~subscriber.apply.lazy.LazySpark`) it does not wait at all.
         """
         self._state = self._writer.load_state(self.subscription)
         self._warm_up()
@@ -233,6 +235,10 @@ class Applier(Planning, Pieces):
                 net_effect_positions(self._spark, [keys])
 
         job = self._net_effect_thread().submit(jobs)
+        if spark_starting(spark):
+            # The JVM is still starting (subscriber/apply/lazy.py): the jobs run once it
+            # is up; the subscription connects meanwhile (small batches need no job).
+            return
         with contextlib.suppress(Exception):  # a broken Spark shows on the first batch
             job.result(timeout=self.WARM_UP_WAIT_S)
 

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench._stages import StageScrape, format_stages, stage_quantiles
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
 from tests.support.workload import W1, Stmt, sqlite_source, w1_checksum
 
@@ -361,6 +362,24 @@ class Rig:
     def target(self) -> Any:
         return target_connect(self.target_kind, self.target_where)
 
+    def metrics(self) -> list[str]:
+        """The /metrics addresses of the daemons (their stage histograms)."""
+        return []
+
+    def in_sync_s(self) -> float | None:
+        """Seconds from the subscriber's launch to its first ``in_sync`` (JVM included)."""
+        return None
+
+    def restart_publisher(self, source: Source, stmts: list[Stmt]) -> float | None:
+        """Stop the publisher, commit ``stmts`` on the source, start it again: seconds from
+        its launch until the publication's head holds that transaction."""
+        return None
+
+    def restart_subscriber(self) -> float | None:
+        """Stop the subscriber (in sync, publication idle) and start it again: seconds
+        from its launch (JVM included) to ``in_sync``."""
+        return None
+
 
 class TxreplSqlite(Rig):
     name = "txrepl sqlite"
@@ -404,7 +423,41 @@ class TxreplSqlite(Rig):
             (t.at_us / 1e6 for t in pair.status().timeline if t.state == "syncing"),
             time.time(),
         )
+        self.launched = launched
         return first - launched, first
+
+    def metrics(self) -> list[str]:
+        pair = self.pair
+        return [d.metrics_address for d in (pair.pub, pair.sub) if d] if pair else []
+
+    def in_sync_s(self) -> float | None:
+        assert self.pair is not None
+        timeline = self.pair.status().timeline
+        at = next((t.at_us / 1e6 for t in timeline if t.state == "in_sync"), None)
+        return None if at is None else at - self.launched
+
+    def restart_subscriber(self) -> float | None:
+        pair = self.pair
+        assert pair is not None
+        assert pair.sub is not None
+        pair.sub.stop()
+        launched = time.time()
+        pair.start_subscriber()
+        wait_until(lambda: pair.status().state == "in_sync", 300, "in sync", interval=0.01)
+        at = [t.at_us / 1e6 for t in pair.status().timeline if t.state == "in_sync"]
+        return at[-1] - launched
+
+    def restart_publisher(self, source: Source, stmts: list[Stmt]) -> float | None:
+        pair = self.pair
+        assert pair is not None
+        assert pair.pub is not None
+        listen, before = pair.pub.address, pair.head()
+        pair.pub.stop()
+        source.execute(stmts)
+        launched = time.time()
+        pair.start_publisher(listen)
+        wait_until(lambda: pair.head() > before, 60, "capture to resume", interval=0.002)
+        return time.time() - launched
 
     def teardown(self) -> None:
         if self.pair is not None:
@@ -598,7 +651,58 @@ class TxreplPg(Rig):
         wait_until(syncing, 300, "the subscriber to start syncing")
         (st,) = subscription_status(sub.address)
         first = next((t.at_us / 1e6 for t in st.timeline if t.state == "syncing"), time.time())
+        self.launched = launched
         return first - launched, first
+
+    def metrics(self) -> list[str]:
+        return [d.metrics_address for d in (self.pub, self.sub) if d]
+
+    def in_sync_s(self) -> float | None:
+        from tests.support.harness import subscription_status
+
+        assert self.sub is not None
+        (st,) = subscription_status(self.sub.address)
+        at = next((t.at_us / 1e6 for t in st.timeline if t.state == "in_sync"), None)
+        return None if at is None else at - self.launched
+
+    def restart_subscriber(self) -> float | None:
+        from tests.support.harness import subscription_status
+
+        sub = self.sub
+        assert sub is not None
+        sub.stop()
+        launched = time.time()
+        sub.start()
+
+        def in_sync() -> bool:
+            (st,) = subscription_status(sub.address)
+            return st.state == "in_sync"
+
+        wait_until(in_sync, 300, "in sync", interval=0.01)
+        (st,) = subscription_status(sub.address)
+        at = [t.at_us / 1e6 for t in st.timeline if t.state == "in_sync"]
+        return at[-1] - launched
+
+    def restart_publisher(self, source: Source, stmts: list[Stmt]) -> float | None:
+        from tests.support.harness import publication_head
+
+        assert self.pub is not None
+        assert self.work is not None
+        listen = self.pub.address
+        before = publication_head(listen, "shop")
+        self.pub.stop()
+        source.execute(stmts)
+        path = self.work / "publisher.toml"
+        path.write_text(path.read_text().replace('listen = "127.0.0.1:0"', f'listen = "{listen}"'))
+        launched = time.time()
+        self.pub.start(timeout=60)
+        wait_until(
+            lambda: publication_head(listen, "shop") > before,
+            60,
+            "capture to resume",
+            interval=0.002,
+        )
+        return time.time() - launched
 
     def teardown(self) -> None:
         for d in (self.sub, self.pub):
@@ -681,6 +785,10 @@ def catch_up(
         rig.teardown()
 
 
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
 def _percentile(values: Sequence[float], p: float) -> float:
     s = sorted(values)
     if not s:
@@ -697,11 +805,14 @@ def _lag_phase(
     rate: int | None,
 ) -> dict[str, Any]:
     markers = [i for i in range(first_id, first_id + len(txns)) if i % MARK_EVERY == 0]
+    scraper = StageScrape(rig.metrics())
     with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
         time.sleep(0.3)  # let the poller connect
+        before = scraper.take()
         started = time.time()
         commits, achieved = run_stream(source, txns, first_id, rate)
         seen = collect(600)
+        stages = stage_quantiles(before, scraper.take())
     lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
     ms = [lag for _, lag in lags]
     return {
@@ -714,6 +825,7 @@ def _lag_phase(
         "p99_ms": round(_percentile(ms, 99), 2),
         "max_ms": round(max(ms), 2) if ms else float("nan"),
         "series": [(round(t, 3), round(lag, 2)) for t, lag in lags],
+        "stages": stages,
     }
 
 
@@ -735,6 +847,10 @@ def in_sync_lag(
             )
         finally:
             target.close()
+        in_sync_s = None
+        if rig.metrics():  # a txrepl rig: its subscriber's timeline says when
+            wait_until(lambda: rig.in_sync_s() is not None, 60, "in sync", interval=0.05)
+            in_sync_s = rig.in_sync_s()
         time.sleep(1.0)  # let the subscriber settle in sync
         rows = []
         for phase_rate, lo in ((rate, 1), (None, 1 + lag_t)):
@@ -747,6 +863,23 @@ def in_sync_lag(
             target.close()
         for r in rows:
             r["checksum_ok"] = same
+        if in_sync_s is not None:
+            # Start-up (issue 23): a subscriber restarted on an idle publication →
+            # in sync (JVM included), and a publisher restart → the first transaction
+            # captured; the first start (transaction 0's 10,000 rows to apply, a Spark
+            # job) for reference.
+            again_s = rig.restart_subscriber()
+            resume_s = rig.restart_publisher(source, txns[1 + 2 * lag_t])
+            rows.append(
+                {
+                    "system": rig.name,
+                    "measure": "startup",
+                    "run": run,
+                    "subscriber_first_in_sync_s": round(in_sync_s, 3),
+                    "subscriber_restart_to_in_sync_s": _rounded(again_s),
+                    "publisher_restart_to_capture_s": _rounded(resume_s),
+                }
+            )
         return rows
     finally:
         rig.teardown()
@@ -940,7 +1073,7 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
 def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     results_dir.mkdir(parents=True, exist_ok=True)
     print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
-    txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 1))
+    txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 2))  # + a restart's transaction
     catch = txns[: cfg.t + 1]
     counts = stream_counts(catch)
     check_generator(cfg.t, counts)
@@ -964,10 +1097,21 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
             res.rows.append(row)
         for run_no in range(1, cfg.runs + 1 if "lag" in cfg.measures else 1):
             for row in in_sync_lag(rig, txns, cfg.lag_t, cfg.rate, run_no):
+                if row["measure"] == "startup":
+                    print(
+                        f"  {rig.name} start-up run {run_no}: subscriber restart → in sync "
+                        f"{row['subscriber_restart_to_in_sync_s']} s (first start, with "
+                        f"transaction 0: {row['subscriber_first_in_sync_s']} s), publisher "
+                        f"restart → capture {row['publisher_restart_to_capture_s']} s",
+                        flush=True,
+                    )
+                    res.rows.append(row)
+                    continue
                 print(
                     f"  {rig.name} lag run {run_no} at {row['rate']}: p50 {row['p50_ms']} ms, "
                     f"p99 {row['p99_ms']} ms, max {row['max_ms']} ms "
-                    f"({row['seen']}/{row['markers']} markers, {row['achieved_txn_per_s']} txn/s)",
+                    f"({row['seen']}/{row['markers']} markers, {row['achieved_txn_per_s']} txn/s)"
+                    + (f"\n    {format_stages(row['stages'])}" if row.get("stages") else ""),
                     flush=True,
                 )
                 res.rows.append(row)

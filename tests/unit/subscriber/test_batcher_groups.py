@@ -32,7 +32,7 @@ def _run(entries: list[bytes], max_entries: int, batches: int) -> list[Got]:
     async def main() -> list[Got]:
         state = SubscriptionState("s", 0, "inc")
         batcher = Batcher(
-            BatchConfig(max_entries=max_entries, queue_batches=1, max_delay_ms=0),
+            BatchConfig(max_entries=max_entries, queue_batches=1),
             state,
             asyncio.Event(),
         )
@@ -40,7 +40,7 @@ def _run(entries: list[bytes], max_entries: int, batches: int) -> list[Got]:
 
         async def apply() -> None:
             for _ in range(batches):
-                batch = await batcher.gather(linger=False)
+                batch = await batcher.gather()
                 assert batch is not None
                 got.append(batch)
 

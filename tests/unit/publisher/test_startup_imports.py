@@ -1,0 +1,28 @@
+"""A SQLite publisher starts without loading the PostgreSQL drivers (issue 23, start-up)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.support.harness import ROOT
+
+
+def test_the_publisher_daemon_loads_no_postgresql_driver_until_a_url_names_one() -> None:
+    """Importing the daemon and opening a SQLite source leaves psycopg and psycopg2 unloaded."""
+    code = (
+        "import sys, tempfile, pathlib\n"
+        "import publisher.daemon\n"
+        "from common.dburl import DatabaseUrl\n"
+        "from publisher.capture.dialects import open_source\n"
+        "import sqlite3\n"
+        "db = pathlib.Path(tempfile.mkdtemp()) / 's.db'\n"
+        "sqlite3.connect(db).close()\n"
+        "open_source(DatabaseUrl.parse(f'sqlite:///{db}')).release()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('psycopg', 'psycopg2')))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
