@@ -256,6 +256,8 @@ class SubscriberConfig:
                 f"publication subscribed twice: {', '.join(twice)} (the publisher keeps one "
                 "level per subscriber server and publication)"
             )
+        if any(s.conflicts for s in self.subscription):
+            self._check_updatable()
         ids = [s.id for s in self.subscription]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
@@ -276,6 +278,24 @@ class SubscriberConfig:
         for key, value in files:
             if value and not self.path(value).is_file():
                 raise ValueError(f"{key}: {str(self.path(value))!r} is not a readable file")
+
+    def _check_updatable(self) -> None:
+        """What conflict detection does not cover yet is refused, not half done."""
+        if self.apply.jdbc_min_rows:
+            raise ValueError(
+                "conflicts: an updatable subscription cannot stage through Spark JDBC; "
+                "set apply.jdbc_min_rows = 0"
+            )
+        shaped = sorted(
+            name
+            for name, t in self.apply.tables.items()
+            if t.target or t.history or t.rename or t.drop or t.computed or t.filter
+        )
+        if shaped:
+            raise ValueError(
+                f"conflicts: tables with transforms or history ({', '.join(shaped)}) are not "
+                "checked for conflicts yet; drop their [apply.tables] entries or conflicts"
+            )
 
     def path(self, value: str) -> Path:
         p = Path(value)

@@ -124,9 +124,11 @@ def test_each_kind_detected_publisher_wins(seeded: Target) -> None:
     got = _by_key(seeded.conflicts())
     assert {k: c["kind"] for k, c in got.items()} == KINDS
     assert {c["decision"] for c in got.values()} == {"take_publisher"}
-    assert got[1]["local"]["name"] == "local1" and got[1]["publisher"]["name"] == "pub1"
+    assert got[1]["local"]["name"] == "local1"
+    assert got[1]["publisher"]["name"] == "pub1"
     assert got[10]["local"]["name"] == "local10"  # the losing row, kept
-    assert got[3]["local"] is None and got[3]["publisher"] is None
+    assert got[3]["local"] is None
+    assert got[3]["publisher"] is None
     assert seeded.items() == [
         (1, "pub1", "2.00"),
         (2, "pub2", "2.00"),
@@ -266,7 +268,8 @@ def test_unique_collision(spark: Any, backend: Backend) -> None:
     t.apply(_entry(ins("items", 21, "dup", D("2.00"))))
     [c] = t.conflicts()
     assert c["kind"] == "unique_collision"
-    assert c["local"]["id"] == 20 and c["publisher"]["id"] == 21
+    assert c["local"]["id"] == 20
+    assert c["publisher"]["id"] == 21
     assert t.items() == [(1, "a", "1.00"), (21, "dup", "2.00")]
     t.close()
 
