@@ -63,6 +63,7 @@ from subscriber.targets import (
     resolve_token,
     snapshot_loader,
     spark_settings,
+    updatable_options,
 )
 
 if TYPE_CHECKING:
@@ -216,7 +217,7 @@ class Subscriber:
             writer = open_writer(cfg.target_url, cfg.apply)
             attach_conflicts(writer, [sc])  # an updatable subscription's checks
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
-            applier.configure(cfg.apply)  # error policy, retries, transforms, history
+            applier.configure(updatable_options(cfg.apply, sc))  # policy, retries, shapes
             sub = resolve_token(sc, cfg)
             self.runners[sc.id] = SubscriptionRunner(
                 sub,

@@ -74,12 +74,13 @@ def _skip(args: argparse.Namespace) -> int:
 def _retry(args: argparse.Namespace) -> int:
     from subscriber.apply import Applier, ApplyError, SparkSettings, create_spark_session
     from subscriber.apply.stored import retry_error
+    from subscriber.targets import updatable_options
 
     cfg, writer = _writer(args)
     spark = create_spark_session(SparkSettings(master="local[1]", jars=tuple(cfg.spark.jars)))
     try:
         applier = Applier(spark, writer, args.subscription)
-        applier.configure(cfg.apply)
+        applier.configure(updatable_options(cfg.apply, *cfg.subscription))
         result = retry_error(applier, args.seq)
     except ApplyError as e:
         print(f"txrepl: {e}", file=sys.stderr)

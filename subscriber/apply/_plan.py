@@ -263,8 +263,9 @@ class Planning:
             # For conflict detection (subscriber/targets/conflicts): each key's first
             # event, and the source commit time of its last.
             survivors = survivors.append_column("_born", pa.array(born))
-            at = pc.subtract(survivors.column("_seq"), first_seq)
-            survivors = survivors.append_column("_commit_us", pc.take(commit_times(), at))
+            if self.options.commit_times:
+                at = pc.subtract(survivors.column("_seq"), first_seq)
+                survivors = survivors.append_column("_commit_us", pc.take(commit_times(), at))
             fresh = np.flatnonzero(born & ~deleted)
             rest = np.flatnonzero(~born & ~deleted)
             shaped = self._shape(buf.schema, first_seq)  # a renamed target table

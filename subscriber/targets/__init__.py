@@ -55,6 +55,7 @@ __all__ = [
     "snapshot_needs_spark",
     "spark_settings",
     "target_package",
+    "updatable_options",
 ]
 
 
@@ -118,6 +119,15 @@ def attach_conflicts(writer: Writer, subscriptions: Any) -> None:
     else:
         dialect = postgres_sql(getattr(writer, "replication_role", "replica"))
     writer.conflicts = ConflictGuard(dialect, policies)  # type: ignore[attr-defined]
+
+
+def updatable_options(config: Any, *subscriptions: SubscriptionConfig) -> ApplyOptions:
+    """The ``[apply]`` options (an ``ApplyConfig``), with the rows' commit times when one
+    of ``subscriptions`` is updatable (latest_commit_wins and the log read them)."""
+    options = ApplyOptions.from_config(config)
+    if any(sc.conflicts for sc in subscriptions):
+        options = dataclasses.replace(options, commit_times=True)
+    return options
 
 
 def open_snapshot_loader(

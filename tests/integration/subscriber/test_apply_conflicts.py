@@ -13,8 +13,8 @@ import pytest
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import Applier
-from subscriber.config import SubscriptionConfig
-from subscriber.targets import attach_conflicts
+from subscriber.config import ApplyConfig, SubscriptionConfig
+from subscriber.targets import attach_conflicts, updatable_options
 from tests.support.backends import Backend
 from tests.support.entries import INC, ITEMS, dele, ins, schema_op, upd
 
@@ -39,6 +39,7 @@ class Target:
         )  # fmt: skip
         attach_conflicts(self.writer, [config])
         self.applier = Applier(spark, self.writer, subscription="sub")
+        self.applier.configure(updatable_options(ApplyConfig(), config))
         self.seq = 0
 
     def apply(self, *entries: pb.Entry) -> None:
