@@ -7,26 +7,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import ROOT, Pair, wait_until
+from tests.support.harness import Pair, txrepl_cli, wait_until
 from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.spark
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "common.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def _rows(path: Path, where: str = "1") -> list[tuple[object, ...]]:
@@ -88,7 +76,7 @@ def test_updatable_subscription_conflicts_logged_once_across_a_kill(tmp_path: Pa
         src.execute("UPDATE t SET v = 'pub' WHERE id < 100")
         _synced(pair, "id < 100")
         config = str(tmp_path / "subscriber.toml")
-        listed = _cli("subscriber", "conflicts", "--config", config, "--json")
+        listed = txrepl_cli("subscriber", "conflicts", "--config", config, "--json")
         assert listed.returncode == 0, listed.stderr
         got = {
             (json.loads(c["row_key"])["id"], c["kind"], c["decision"]): c
@@ -99,10 +87,14 @@ def test_updatable_subscription_conflicts_logged_once_across_a_kill(tmp_path: Pa
             (2, "update_missing", "take_publisher"),
         }
         assert json.loads(got[1, "update_changed", "take_publisher"]["local_row"])["v"] == "local"
-        text = _cli("subscriber", "conflicts", "pub1.shop", "--config", config)
+        text = txrepl_cli("subscriber", "conflicts", "pub1.shop", "--config", config)
         assert text.returncode == 0
         assert "update_missing" in text.stdout
-        assert [(c.table, c.count) for c in pair.status().conflicts] == [("t", 2)]
+        status = txrepl_cli("subscriber", "status", "--control", sub.address, "--json")
+        [st] = json.loads(status.stdout)["subscriptions"]
+        assert st["conflicts"] == [{"table": "t", "count": 2}]
+        status = txrepl_cli("subscriber", "status", "--control", sub.address)
+        assert "conflicts: t 2" in status.stdout
         samples = scrape(sub.metrics_address)
         key = frozenset({("subscription", "pub1.shop"), ("table", "t")})
         assert samples[("txrepl_subscription_conflicts_total", key)] == 2
