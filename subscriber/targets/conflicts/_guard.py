@@ -25,8 +25,11 @@ upsert                     another target row (another key) holds the row's
 
 The version is ``txrepl_row_versions``: per (subscription, table, key) a hash of the
 row as this writer last left it (read back after the step, so both dialects hash
-what their driver reads).  A row with no version (replicated before detection was
-turned on, or loaded by a snapshot) is trusted.  The entries carry no before image
+what their driver reads), or ``-`` when it left the key absent.  A conflict is
+decided once: the row as resolved becomes the key's version, so the publisher's
+next change of it applies unless the row changes here again.  A row with no
+version (replicated before detection was turned on, or loaded by a snapshot) is
+trusted.  The entries carry no before image
 (``RowChange`` has the key and the new row only): docs/conflicts.md says why a
 version kept by txrepl was chosen over carrying one.
 
@@ -66,6 +69,7 @@ from subscriber.targets.conflicts._sql import ConflictSql
 __all__ = ["ConflictGuard", "ConflictPolicy"]
 
 Row = dict[str, Any]
+ABSENT = "-"  # the version of a key whose row txrepl left absent
 
 
 @dataclass(frozen=True)
@@ -261,22 +265,15 @@ class ConflictGuard:
         m = self.sql.mark
         for key in keys:
             local = self._fetch(conn, schema, key)
-            where = (subscription, schema.table, _key_text(key))
-            if local is None:
-                self.sql.run(
-                    conn,
-                    f"DELETE FROM txrepl_row_versions WHERE subscription = {m} "
-                    f"AND table_name = {m} AND row_key = {m}",
-                    where,
-                )
-            else:
-                self.sql.run(
-                    conn,
-                    "INSERT INTO txrepl_row_versions (subscription, table_name, row_key, "
-                    f"row_hash) VALUES ({m}, {m}, {m}, {m}) ON CONFLICT (subscription, "
-                    "table_name, row_key) DO UPDATE SET row_hash = excluded.row_hash",
-                    (*where, _hash(local)),
-                )
+            # An absent row is versioned too (ABSENT): a row that appears here later
+            # is a local change, not a row of before detection.
+            self.sql.run(
+                conn,
+                "INSERT INTO txrepl_row_versions (subscription, table_name, row_key, "
+                f"row_hash) VALUES ({m}, {m}, {m}, {m}) ON CONFLICT (subscription, "
+                "table_name, row_key) DO UPDATE SET row_hash = excluded.row_hash",
+                (subscription, schema.table, _key_text(key), _hash(local) if local else ABSENT),
+            )
 
     # -- pieces -------------------------------------------------------------------------
 
