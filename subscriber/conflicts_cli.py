@@ -9,6 +9,7 @@ as their JSON text.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from common.jsonout import dump
@@ -26,11 +27,16 @@ def register(subparsers: Any) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
+    from subscriber.apply.errors import WriterError
     from subscriber.config import load_config
     from subscriber.targets.conflicts import read_conflicts
 
     cfg = load_config(args.config)
-    records = read_conflicts(cfg.target_url, args.subscription, args.table)
+    try:
+        records = read_conflicts(cfg.target_url, args.subscription, args.table)
+    except WriterError as e:
+        print(f"txrepl: {e}", file=sys.stderr)
+        return 1
     if args.json:
         dump({"conflicts": [r.__dict__ for r in records]})
         return 0

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.dburl import DatabaseUrl
+from subscriber.apply.errors import WriterError
 from subscriber.conflictspec import parse_resolver
 from subscriber.targets.conflicts._guard import ConflictGuard, ConflictPolicy
 from subscriber.targets.conflicts._model import KINDS, Conflict, Resolution
@@ -93,21 +94,31 @@ def read_conflicts(
     text += " ORDER BY id"
     rows: list[Any]
     if url.dialect == "sqlite":
-        conn = sqlite3.connect(f"file:{url.sqlite_path}?mode=ro", uri=True)
+        if not url.sqlite_path.is_file():
+            raise WriterError(f"target {url.sqlite_path} does not exist (check target =)")
         try:
-            have = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE name = 'txrepl_conflicts'"
-            ).fetchall()
-            rows = conn.execute(text.format(m="?"), params).fetchall() if have else []
-        finally:
-            conn.close()
+            conn = sqlite3.connect(f"file:{url.sqlite_path}?mode=ro", uri=True)
+            try:
+                have = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE name = 'txrepl_conflicts'"
+                ).fetchall()
+                rows = conn.execute(text.format(m="?"), params).fetchall() if have else []
+            finally:
+                conn.close()
+        except sqlite3.Error as exc:
+            raise WriterError(f"cannot read the conflict log of {url.sqlite_path}: {exc}") from exc
     else:
         import psycopg
 
-        with psycopg.connect(url.raw) as pg:
-            found = pg.execute("SELECT to_regclass('txrepl_conflicts')").fetchone()
-            ok = found is not None and found[0] is not None
-            rows = pg.execute(text.format(m="%s"), params).fetchall() if ok else []
+        try:
+            with psycopg.connect(url.raw, connect_timeout=10) as pg:
+                found = pg.execute("SELECT to_regclass('txrepl_conflicts')").fetchone()
+                ok = found is not None and found[0] is not None
+                rows = pg.execute(text.format(m="%s"), params).fetchall() if ok else []
+        except psycopg.Error as exc:
+            host = url.raw.rsplit("@", 1)[-1]
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise WriterError(f"cannot read the conflict log of {host}: {first}") from exc
     return [ConflictRecord(*r) for r in rows]
 
 
