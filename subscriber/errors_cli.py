@@ -40,10 +40,12 @@ def register(subparsers: Any) -> None:
 
 def _writer(args: argparse.Namespace) -> Any:
     from subscriber.config import load_config
-    from subscriber.targets import open_writer
+    from subscriber.targets import attach_conflicts, open_writer
 
     cfg = load_config(args.config)
-    return cfg, open_writer(cfg.target_url, cfg.apply)
+    writer = open_writer(cfg.target_url, cfg.apply)
+    attach_conflicts(writer, cfg.subscription)  # a retried entry is checked as the daemon does
+    return cfg, writer
 
 
 def _list(args: argparse.Namespace) -> int:

@@ -116,6 +116,17 @@ def _hash(row: Row) -> str:
     return hashlib.sha1((row_json(row) or "").encode()).hexdigest()
 
 
+def _kind(local: Row | None, version: str | None, born: bool, is_up: bool) -> str | None:
+    """The conflict of one key (None: none); ``version``: the recorded one, if any."""
+    if born:
+        return "insert_exists" if local is not None else None
+    if local is None:
+        return "update_missing" if is_up else "delete_missing"
+    if version is not None and version != _hash(local):
+        return "update_changed" if is_up else "delete_changed"
+    return None
+
+
 class ConflictGuard:
     """Conflict checks of one writer, for the updatable subscriptions in ``policies``."""
 
@@ -196,12 +207,14 @@ class ConflictGuard:
         pending = _Pending(step, [])
         keep_up: list[int] = []
         keep_del: list[int] = []
+        keys = [{k: pub[k] for k in schema.primary_key} for pub in ups + dels]
+        locals_ = self._fetch_all(conn, schema, keys)
+        versions = self._versions(conn, subscription, schema.table, keys)
         for i, pub in enumerate(ups + dels):
             is_up = i < n_up
-            key = {k: pub[k] for k in schema.primary_key}
-            local = self._fetch(conn, schema, key)
+            key, local = keys[i], locals_[i]
             born = born_up[i] if is_up else born_del[i - n_up]
-            kind = self._kind(conn, subscription, schema.table, key, local, born, is_up)
+            kind = _kind(local, versions[i], born, is_up)
             other: Row | None = None
             if kind is None and is_up:
                 other = self._collision(conn, schema, pub, uniques, step_keys)
@@ -263,57 +276,49 @@ class ConflictGuard:
         keys = _rows(pending.step.upserts, schema, key_idx)
         keys += _rows(pending.step.deletes, schema, key_idx)
         m = self.sql.mark
-        for key in keys:
-            local = self._fetch(conn, schema, key)
-            # An absent row is versioned too (ABSENT): a row that appears here later
-            # is a local change, not a row of before detection.
-            self.sql.run(
-                conn,
-                "INSERT INTO txrepl_row_versions (subscription, table_name, row_key, "
-                f"row_hash) VALUES ({m}, {m}, {m}, {m}) ON CONFLICT (subscription, "
-                "table_name, row_key) DO UPDATE SET row_hash = excluded.row_hash",
-                (subscription, schema.table, _key_text(key), _hash(local) if local else ABSENT),
-            )
+        # An absent row is versioned too (ABSENT): a row that appears here later is a
+        # local change, not a row of before detection.
+        params = [
+            (subscription, schema.table, _key_text(key), _hash(local) if local else ABSENT)
+            for key, local in zip(keys, self._fetch_all(conn, schema, keys), strict=True)
+        ]
+        self.sql.run_many(
+            conn,
+            "INSERT INTO txrepl_row_versions (subscription, table_name, row_key, "
+            f"row_hash) VALUES ({m}, {m}, {m}, {m}) ON CONFLICT (subscription, "
+            "table_name, row_key) DO UPDATE SET row_hash = excluded.row_hash "
+            "RETURNING row_key",
+            params,
+        )
 
     # -- pieces -------------------------------------------------------------------------
 
-    def _kind(
-        self,
-        conn: Any,
-        subscription: str,
-        table: str,
-        key: Row,
-        local: Row | None,
-        born: bool,
-        is_up: bool,
-    ) -> str | None:
-        if born:
-            return "insert_exists" if local is not None else None
-        if local is None:
-            return "update_missing" if is_up else "delete_missing"
+    def _versions(self, conn: Any, subscription: str, table: str, keys: list[Row]) -> list[Any]:
+        """Each key's recorded version (None: none)."""
         m = self.sql.mark
-        got = self.sql.run(
+        got = self.sql.run_many(
             conn,
             f"SELECT row_hash FROM txrepl_row_versions WHERE subscription = {m} "
             f"AND table_name = {m} AND row_key = {m}",
-            (subscription, table, _key_text(key)),
+            [(subscription, table, _key_text(k)) for k in keys],
         )
-        if got and got[0][0] != _hash(local):
-            return "update_changed" if is_up else "delete_changed"
-        return None
+        return [rows[0][0] if rows else None for rows in got]
 
     def _where(self, cols: list[str]) -> str:
         return " AND ".join(f"{quote_ident(c)} = {self.sql.mark}" for c in cols)
 
-    def _fetch(self, conn: Any, schema: Any, key: Row) -> Row | None:
+    def _fetch_all(self, conn: Any, schema: Any, keys: list[Row]) -> list[Row | None]:
+        """The target's row of each key (None: absent)."""
+        if not keys:
+            return []
         names = [c.name for c in schema.columns]
-        got = self.sql.run(
+        got = self.sql.run_many(
             conn,
             f"SELECT {', '.join(quote_ident(n) for n in names)} FROM "
-            f"{self.sql.table(schema.table)} WHERE {self._where(list(key))}",
-            [self.sql.bind(v) for v in key.values()],
+            f"{self.sql.table(schema.table)} WHERE {self._where(list(keys[0]))}",
+            [[self.sql.bind(v) for v in key.values()] for key in keys],
         )
-        return dict(zip(names, got[0], strict=True)) if got else None
+        return [dict(zip(names, rows[0], strict=True)) if rows else None for rows in got]
 
     def _collision(
         self, conn: Any, schema: Any, pub: Row, uniques: list[list[str]], step_keys: set[str]

@@ -48,6 +48,9 @@ class ConflictSql:
     table: Callable[[str], str]  # a wire table name as SQL
     bind: Callable[[object], object]  # a common.values value as the driver binds it
     run: Callable[[Any, str, Sequence[object]], list[tuple[Any, ...]]]
+    # one statement, many parameter rows: each one's result rows (PostgreSQL: one
+    # pipelined round trip, not one per row)
+    run_many: Callable[[Any, str, Sequence[Sequence[object]]], list[list[tuple[Any, ...]]]]
     ddl: tuple[str, ...]
     local_begin: tuple[str, ...]  # around a republished write: it is a local change
     local_end: tuple[str, ...]
@@ -57,6 +60,12 @@ class ConflictSql:
 
 def _sqlite_run(conn: Any, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
     return list(conn.execute(text, tuple(params)).fetchall())
+
+
+def _sqlite_run_many(
+    conn: Any, text: str, params: Sequence[Sequence[object]]
+) -> list[list[tuple[Any, ...]]]:
+    return [list(conn.execute(text, tuple(p)).fetchall()) for p in params]
 
 
 def _sqlite_unique(conn: Any, table: str) -> list[list[str]]:
@@ -91,6 +100,7 @@ def sqlite_sql(bind: Callable[[object], object]) -> ConflictSql:
         table=table,
         bind=bind,
         run=_sqlite_run,
+        run_many=_sqlite_run_many,
         ddl=(
             "CREATE TABLE IF NOT EXISTS txrepl_conflicts ("
             "id INTEGER PRIMARY KEY AUTOINCREMENT," + _LOG_COLUMNS + ")",
@@ -106,6 +116,19 @@ def sqlite_sql(bind: Callable[[object], object]) -> ConflictSql:
 def _pg_run(cur: Any, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
     cur.execute(text, tuple(params))
     return list(cur.fetchall()) if cur.description else []
+
+
+def _pg_run_many(
+    cur: Any, text: str, params: Sequence[Sequence[object]]
+) -> list[list[tuple[Any, ...]]]:
+    if not params:
+        return []
+    cur.executemany(text, [tuple(p) for p in params], returning=True)
+    out = []
+    while True:
+        out.append(list(cur.fetchall()) if cur.description else [])
+        if not cur.nextset():
+            return out
 
 
 _PG_UNIQUE = """
@@ -150,6 +173,7 @@ def postgres_sql(replication_role: str = "replica") -> ConflictSql:
         table=table,
         bind=lambda v: v,
         run=_pg_run,
+        run_many=_pg_run_many,
         ddl=(
             "SELECT pg_advisory_xact_lock(hashtext('txrepl conflicts'))",
             "CREATE TABLE IF NOT EXISTS txrepl_conflicts (id BIGSERIAL PRIMARY KEY,"
