@@ -207,6 +207,7 @@ class ConflictGuard:
         pending = _Pending(step, [])
         keep_up: list[int] = []
         keep_del: list[int] = []
+        log: list[tuple[object, ...]] = []  # txrepl_conflicts rows, written at once
         keys = [{k: pub[k] for k in schema.primary_key} for pub in ups + dels]
         locals_ = self._fetch_all(conn, schema, keys)
         versions = self._versions(conn, subscription, schema.table, keys)
@@ -246,7 +247,8 @@ class ConflictGuard:
                 row = None if res.row is None else dict(res.row)
                 pending.writes.append((key, row, res.decision == "republish"))
                 applied = res.row
-            self._log(conn, conflict, spec, res.decision, applied)
+            log.append(self._log_row(conflict, spec, res.decision, applied))
+        self._log(conn, log)
         resolved = RowsStep(
             schema,
             step.deletes.take(pa.array(keep_del, pa.int64())),
@@ -375,35 +377,33 @@ class ConflictGuard:
             return Resolution(decision, row)
         return builtin_resolution(spec, conflict, policy.time_column)
 
-    def _log(
-        self,
-        conn: Any,
-        conflict: Conflict,
-        spec: ResolverSpec,
-        decision: str,
-        applied: Any,
-    ) -> None:
-        m = self.sql.mark
-        self.sql.run(
-            conn,
-            "INSERT INTO txrepl_conflicts (subscription, seq, table_name, kind, row_key, "
-            "publisher_row, local_row, applied_row, resolver, decision, commit_time_us, "
-            f"created_at) VALUES ({', '.join([m] * 12)})",
-            (
-                conflict.subscription,
-                conflict.seq,
-                conflict.table,
-                conflict.kind,
-                _key_text(dict(conflict.key)),
-                row_json(conflict.publisher_row),
-                row_json(conflict.local_row),
-                row_json(applied),
-                spec.text,
-                decision,
-                conflict.commit_time_us,
-                dt.datetime.now(dt.UTC).isoformat(),
-            ),
-        )
+    def _log_row(
+        self, conflict: Conflict, spec: ResolverSpec, decision: str, applied: Any
+    ) -> tuple[object, ...]:
         with self._lock:
             k = (conflict.subscription, conflict.table)
             self._pending_counts[k] = self._pending_counts.get(k, 0) + 1
+        return (
+            conflict.subscription,
+            conflict.seq,
+            conflict.table,
+            conflict.kind,
+            _key_text(dict(conflict.key)),
+            row_json(conflict.publisher_row),
+            row_json(conflict.local_row),
+            row_json(applied),
+            spec.text,
+            decision,
+            conflict.commit_time_us,
+            dt.datetime.now(dt.UTC).isoformat(),
+        )
+
+    def _log(self, conn: Any, rows: list[tuple[object, ...]]) -> None:
+        if rows:
+            self.sql.run_many(
+                conn,
+                "INSERT INTO txrepl_conflicts (subscription, seq, table_name, kind, row_key, "
+                "publisher_row, local_row, applied_row, resolver, decision, commit_time_us, "
+                f"created_at) VALUES ({', '.join([self.sql.mark] * 12)}) RETURNING id",
+                rows,
+            )
