@@ -118,3 +118,49 @@ def test_updatable_subscription_conflicts_logged_once_across_a_kill(tmp_path: Pa
     finally:
         src.close()
         pair.stop()
+
+
+@pytest.mark.postgres
+def test_updatable_subscription_into_postgresql(tmp_path: Path, pg_db: str) -> None:
+    """The same with a PostgreSQL target and subscriber_wins: the rows changed there
+    stay, the source's changes of them are in the log, counted in status."""
+    import psycopg
+
+    pair = Pair(
+        tmp_path,
+        tables=["t"],
+        target_url=pg_db,
+        subscription_extra={"conflicts": "subscriber_wins"},
+    )
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, v TEXT)")
+
+    def target() -> list[tuple[object, ...]]:
+        with psycopg.connect(pg_db) as conn:
+            try:
+                return conn.execute("SELECT id, v FROM t ORDER BY id").fetchall()
+            except psycopg.errors.UndefinedTable:
+                return []
+
+    try:
+        pair.start_publisher()
+        sub = pair.start_subscriber()
+        src.executemany("INSERT INTO t VALUES (?, 'a')", [(1,), (2,), (3,)])
+        wait_until(lambda: target() == _rows(pair.source_path), 60, "the rows")
+        with psycopg.connect(pg_db, autocommit=True) as conn:
+            conn.execute("UPDATE t SET v = 'local' WHERE id = 1")
+            conn.execute("DELETE FROM t WHERE id = 2")
+        src.execute("UPDATE t SET v = 'pub'")
+        wait_until(lambda: (3, "pub") in target(), 60, "the source's update")
+        pair.wait_caught_up()
+        assert target() == [(1, "local"), (3, "pub")]
+        config = str(tmp_path / "subscriber.toml")
+        listed = txrepl_cli("subscriber", "conflicts", "--config", config, "--json")
+        assert listed.returncode == 0, listed.stderr
+        got = sorted((c["kind"], c["decision"]) for c in json.loads(listed.stdout)["conflicts"])
+        assert got == [("update_changed", "ignore"), ("update_missing", "ignore")]
+        assert [(c.table, c.count) for c in pair.status().conflicts] == [("t", 2)]
+        assert sub.running
+    finally:
+        src.close()
+        pair.stop()
