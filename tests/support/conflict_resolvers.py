@@ -16,3 +16,8 @@ def merge_names(conflict: Any) -> tuple[str, dict[str, Any] | None]:
 def republish(conflict: Any) -> str:
     """Apply the publisher's row, as a local change of the target (re-published)."""
     return "republish"
+
+
+def bad_decision(conflict: Any) -> str:
+    """A resolver that answers no decision."""
+    return "maybe"

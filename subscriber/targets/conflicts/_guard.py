@@ -54,6 +54,7 @@ from typing import Any
 import pyarrow as pa
 
 from common.names import quote_ident
+from subscriber.apply.errors import WriterError
 from subscriber.apply.writer import RowsStep, column_of, python_values
 from subscriber.conflictspec import ResolverSpec
 from subscriber.targets.conflicts._model import (
@@ -364,6 +365,23 @@ class ConflictGuard:
         )
 
     def _decide(
+        self, conn: Any, spec: ResolverSpec, policy: ConflictPolicy, conflict: Conflict
+    ) -> Resolution:
+        """The resolver's decision; a user resolver's failure is the batch's WriterError
+        (stored or stopping as the error policy says), naming the resolver and key."""
+        try:
+            return self._resolution(conn, spec, policy, conflict)
+        except WriterError:
+            raise
+        except Exception as exc:
+            raise WriterError(
+                f"conflict resolver {spec.text!r} failed on {conflict.kind} of table "
+                f"{conflict.table!r} key {_key_text(dict(conflict.key))}: {exc}",
+                subscription=conflict.subscription,
+                seq=conflict.seq or None,
+            ) from exc
+
+    def _resolution(
         self, conn: Any, spec: ResolverSpec, policy: ConflictPolicy, conflict: Conflict
     ) -> Resolution:
         if spec.kind == "python":

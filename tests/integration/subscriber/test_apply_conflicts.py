@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply import Applier
+from subscriber.apply import Applier, PoisonEntryError
 from subscriber.config import ApplyConfig, SubscriptionConfig
 from subscriber.targets import attach_conflicts, updatable_options
 from tests.support.backends import Backend
@@ -340,3 +340,17 @@ def test_seeded_random_workload_converges(spark: Any, backend: Backend, resolver
     assert got == sorted(expected)
     assert len(got) > 10
     t.close()
+
+
+@pytest.mark.parametrize(
+    "seeded", [("python:tests.support.conflict_resolvers:bad_decision", {})], indirect=True
+)
+def test_a_failing_resolver_refuses_the_batch(seeded: Target) -> None:
+    """A user resolver answering no decision refuses the batch, naming itself and the
+    key, and changes nothing (the level stays)."""
+    with pytest.raises(PoisonEntryError) as err:
+        seeded.apply(_entry(upd("items", (1,), 1, "pub1", D("2.00"))))
+    assert "bad_decision" in str(err.value.cause)
+    assert '{"id": 1}' in str(err.value.cause)
+    assert seeded.items()[0] == (1, "local1", "1.00")
+    assert seeded.applier.load_state().level == 1
