@@ -148,6 +148,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     ),
     "txrepl_subscription_applied_entries": ("counter", ("subscription",), "entries applied"),
     "txrepl_subscription_applied_rows": ("counter", ("subscription",), "row changes applied"),
+    "txrepl_subscription_conflicts": (
+        "counter",
+        ("subscription", "table"),
+        "conflicts detected and resolved (updatable subscriptions)",
+    ),
     "txrepl_apply_batch_entries": ("histogram", ("subscription",), "entries per applied batch"),
     "txrepl_apply_batch_rows": ("histogram", ("subscription",), "row changes per applied batch"),
     "txrepl_apply_batch_seconds": (

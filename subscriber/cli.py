@@ -28,7 +28,7 @@ from common.security import (
     client_from_args,
     read_token_file,
 )
-from subscriber import errors_cli
+from subscriber import conflicts_cli, errors_cli
 from subscriber.extra import requires_extra
 
 __all__ = ["register"]
@@ -45,6 +45,7 @@ def register(sub: Any) -> None:
     check.set_defaults(func=_check)
     register_reinit(psub)
     errors_cli.register(psub)
+    conflicts_cli.register(psub)
     for action, helptext in (
         ("status", "show each subscription's state, level and lag"),
         ("pause", "pause a subscription (or all)"),
@@ -115,6 +116,8 @@ def _control(args: argparse.Namespace) -> int:
             f"{s.name:<24} {s.state:<12} {s.level:>10} {s.head:>10} "
             f"{max(0, s.head - s.level):>8}  {since} {s.last_error}"
         )
+        if s.conflicts:  # an updatable subscription (docs/conflicts.md)
+            print("    conflicts: " + ", ".join(f"{c.table} {c.count}" for c in s.conflicts))
     return 0
 
 

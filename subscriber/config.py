@@ -36,6 +36,7 @@ from common.config import load_toml, parse_address
 from common.dburl import DatabaseUrl
 from common.names import parse_table
 from common.security import ClientTls, ServerTls, check_hash, check_listen
+from subscriber.conflictspec import parse_resolver
 from subscriber.schedule import Schedule
 
 __all__ = [
@@ -76,8 +77,18 @@ class SubscriptionConfig:
     # doubling minutes, so a budget of 16 broke subscriptions on a few publisher
     # restarts in a row (tests/chaos/test_kill.py).
     retry_budget: int = 0
+    # An updatable subscription: the target's rows may change locally, and its tables
+    # are checked for conflicts when applying (docs/conflicts.md).  "" (the default):
+    # no detection, the publisher's rows are upserted as they come.  Otherwise the
+    # resolver (subscriber/conflictspec.py), overridden per source table by
+    # conflict_tables ("off": that table unchecked).
+    conflicts: str = ""
+    conflict_tables: dict[str, str] = dataclasses.field(default_factory=dict)
+    # latest_commit_wins: the target's column holding each row's last change time
+    conflict_time_column: str = ""
 
     def __post_init__(self) -> None:
+        self._check_conflicts()
         if self.retry_budget < 0:
             raise ValueError("retry_budget must be 0 (never broken) or more")
         for field in ("publisher", "publication"):
@@ -90,6 +101,22 @@ class SubscriptionConfig:
             raise ValueError("token and token_file: give one, not both")
         if bool(self.cert_file) != bool(self.key_file):
             raise ValueError("cert_file and key_file go together")
+
+    def _check_conflicts(self) -> None:
+        if self.conflicts:
+            parse_resolver(self.conflicts, field="conflicts")
+        elif self.conflict_tables:
+            raise ValueError("conflict_tables needs conflicts (the subscription's resolver)")
+        specs = [self.conflicts] if self.conflicts else []
+        for table, text in self.conflict_tables.items():
+            parse_table(table)
+            if text != "off":
+                specs.append(parse_resolver(text, field=f"conflict_tables.{table}").text)
+        if "latest_commit_wins" in specs and not self.conflict_time_column:
+            raise ValueError(
+                "latest_commit_wins needs conflict_time_column (the target column holding "
+                "each row's last change time)"
+            )
 
     @property
     def client_tls(self) -> ClientTls | None:
@@ -229,6 +256,8 @@ class SubscriberConfig:
                 f"publication subscribed twice: {', '.join(twice)} (the publisher keeps one "
                 "level per subscriber server and publication)"
             )
+        if any(s.conflicts for s in self.subscription):
+            self._check_updatable()
         ids = [s.id for s in self.subscription]
         dup = {i for i in ids if ids.count(i) > 1}
         if dup:
@@ -249,6 +278,24 @@ class SubscriberConfig:
         for key, value in files:
             if value and not self.path(value).is_file():
                 raise ValueError(f"{key}: {str(self.path(value))!r} is not a readable file")
+
+    def _check_updatable(self) -> None:
+        """What conflict detection does not cover yet is refused, not half done."""
+        if self.apply.jdbc_min_rows:
+            raise ValueError(
+                "conflicts: an updatable subscription cannot stage through Spark JDBC; "
+                "set apply.jdbc_min_rows = 0"
+            )
+        shaped = sorted(
+            name
+            for name, t in self.apply.tables.items()
+            if t.target or t.history or t.rename or t.drop or t.computed or t.filter
+        )
+        if shaped:
+            raise ValueError(
+                f"conflicts: tables with transforms or history ({', '.join(shaped)}) are not "
+                "checked for conflicts yet; drop their [apply.tables] entries or conflicts"
+            )
 
     def path(self, value: str) -> Path:
         p = Path(value)

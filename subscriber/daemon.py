@@ -61,7 +61,14 @@ from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
 from subscriber.subscription import STATES, SubscriptionRunner
-from subscriber.targets import open_writer, resolve_token, snapshot_loader, spark_settings
+from subscriber.targets import (
+    attach_conflicts,
+    open_writer,
+    resolve_token,
+    snapshot_loader,
+    spark_settings,
+    updatable_options,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -169,6 +176,7 @@ class SubscriberCollector:
         state = metrics.gauge("txrepl_subscription_state")
         entries = metrics.counter("txrepl_subscription_applied_entries")
         rows = metrics.counter("txrepl_subscription_applied_rows")
+        conflicts = metrics.counter("txrepl_subscription_conflicts")
         now = time.time()
         for name, r in sorted(sub.runners.items()):
             h = max(r.head, r.level)
@@ -185,7 +193,9 @@ class SubscriberCollector:
                 state.add_metric(labels, v)
             entries.add_metric([name], r.applied_entries)
             rows.add_metric([name], r.applied_rows)
-        yield from (level, head, lag, lag_s, state, entries, rows)
+            for table, n in sorted(r.conflicts().items()):
+                conflicts.add_metric([name, table], n)
+        yield from (level, head, lag, lag_s, state, entries, rows, conflicts)
         yield from sub.health.collect()
 
 
@@ -221,8 +231,9 @@ class Subscriber:
         )
         for sc in cfg.subscription:
             writer = open_writer(cfg.target_url, cfg.apply)
+            attach_conflicts(writer, [sc])  # an updatable subscription's checks
             applier = MeteredApplier(self.spark, writer, sc.id, meters)
-            applier.configure(cfg.apply)  # error policy, retries, transforms, history
+            applier.configure(updatable_options(cfg.apply, sc))  # policy, retries, shapes
             sub = resolve_token(sc, cfg)
             self.runners[sc.id] = SubscriptionRunner(
                 sub,

@@ -40,10 +40,12 @@ def register(subparsers: Any) -> None:
 
 def _writer(args: argparse.Namespace) -> Any:
     from subscriber.config import load_config
-    from subscriber.targets import open_writer
+    from subscriber.targets import attach_conflicts, open_writer
 
     cfg = load_config(args.config)
-    return cfg, open_writer(cfg.target_url, cfg.apply)
+    writer = open_writer(cfg.target_url, cfg.apply)
+    attach_conflicts(writer, cfg.subscription)  # a retried entry is checked as the daemon does
+    return cfg, writer
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -74,12 +76,13 @@ def _skip(args: argparse.Namespace) -> int:
 def _retry(args: argparse.Namespace) -> int:
     from subscriber.apply import Applier, ApplyError, SparkSettings, create_spark_session
     from subscriber.apply.stored import retry_error
+    from subscriber.targets import updatable_options
 
     cfg, writer = _writer(args)
     spark = create_spark_session(SparkSettings(master="local[1]", jars=tuple(cfg.spark.jars)))
     try:
         applier = Applier(spark, writer, args.subscription)
-        applier.configure(cfg.apply)
+        applier.configure(updatable_options(cfg.apply, *cfg.subscription))
         result = retry_error(applier, args.seq)
     except ApplyError as e:
         print(f"txrepl: {e}", file=sys.stderr)

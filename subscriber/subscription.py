@@ -132,7 +132,17 @@ class SubscriptionRunner:
         return self.st.applied_rows
 
     def status(self) -> pb.SubscriptionStatus:
-        return self.st.status(self.config.publisher, self.config.publication)
+        st = self.st.status(self.config.publisher, self.config.publication)
+        for table, n in sorted(self.conflicts().items()):
+            st.conflicts.add(table=table, count=n)
+        return st
+
+    def conflicts(self) -> dict[str, int]:
+        """Conflicts of an updatable subscription, per table (its writer's guard)."""
+        guard = getattr(getattr(self.applier, "_writer", None), "conflicts", None)
+        if guard is None:
+            return {}
+        return {t: n for (_, t), n in guard.counts(self.config.id).items()}
 
     # -- control --------------------------------------------------------------------
 

@@ -1461,6 +1461,7 @@ class SubscriptionStatus(_message.Message):
     APPLIED_ENTRIES_FIELD_NUMBER: _builtins.int
     APPLIED_ROWS_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
+    CONFLICTS_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     publisher: _builtins.str
     publication: _builtins.str
@@ -1475,6 +1476,10 @@ class SubscriptionStatus(_message.Message):
     """streams welcomed since the daemon started (1 = never reconnected)"""
     @_builtins.property
     def timeline(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]: ...
+    @_builtins.property
+    def conflicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableConflicts]:
+        """Updatable subscriptions: conflicts in the target's log, per table (issue 24)."""
+
     def __init__(
         self,
         *,
@@ -1489,14 +1494,37 @@ class SubscriptionStatus(_message.Message):
         applied_entries: _builtins.int = ...,
         applied_rows: _builtins.int = ...,
         sessions: _builtins.int = ...,
+        conflicts: _abc.Iterable[Global___TableConflicts] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "conflicts", b"conflicts", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___SubscriptionStatus: _TypeAlias = SubscriptionStatus  # noqa: Y015
+
+@_typing.final
+class TableConflicts(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TABLE_FIELD_NUMBER: _builtins.int
+    COUNT_FIELD_NUMBER: _builtins.int
+    table: _builtins.str
+    count: _builtins.int
+    def __init__(
+        self,
+        *,
+        table: _builtins.str = ...,
+        count: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["count", b"count", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableConflicts: _TypeAlias = TableConflicts  # noqa: Y015
 
 @_typing.final
 class StatusRequest(_message.Message):

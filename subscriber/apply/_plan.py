@@ -12,7 +12,7 @@ runs inside :func:`~subscriber.apply._spark.spark_errors`, the Spark boundary.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -224,7 +224,11 @@ class Planning:
             plan.steps.append(CallStep(call.name, list(call.args)))
 
     def _plain_steps(
-        self, steps: list[Step | None], plain: list[tuple[int, EventBuffer]], first_seq: int
+        self,
+        steps: list[Step | None],
+        plain: list[tuple[int, EventBuffer]],
+        first_seq: int,
+        commit_times: Callable[[], pa.Array],
     ) -> None:
         """Net effect of the plain segments: one Spark job, overlapped with decoding.
 
@@ -256,6 +260,12 @@ class Planning:
             # segment began (RowsStep.fresh): its row goes first among the upserts.
             ops = events.column("_op").to_numpy()
             born = ops[np.searchsorted(positions, first)] == _INSERT
+            # For conflict detection (subscriber/targets/conflicts): each key's first
+            # event, and the source commit time of its last.
+            survivors = survivors.append_column("_born", pa.array(born))
+            if self.options.commit_times:
+                at = pc.subtract(survivors.column("_seq"), first_seq)
+                survivors = survivors.append_column("_commit_us", pc.take(commit_times(), at))
             fresh = np.flatnonzero(born & ~deleted)
             rest = np.flatnonzero(~born & ~deleted)
             shaped = self._shape(buf.schema, first_seq)  # a renamed target table
@@ -409,6 +419,6 @@ class _Plan:
     def finish(self) -> list[Step]:
         self.flush()
         if self.plain:
-            self.applier._plain_steps(self.steps, self.plain, self.first_seq)
+            self.applier._plain_steps(self.steps, self.plain, self.first_seq, self.commit_times)
         assert None not in self.steps
         return self.steps  # type: ignore[return-value]

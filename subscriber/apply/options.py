@@ -64,6 +64,9 @@ class ApplyOptions:
     # job (its fixed cost would bound the in-sync lag); 0: every batch through Spark.
     spark_min_rows: int = 10_000
     tables: Mapping[str, TableOptions] = field(default_factory=dict)
+    # Plain rows steps carry each row's source commit time (``_commit_us``), which
+    # conflict resolution reads (an updatable subscription; parses every entry).
+    commit_times: bool = False
 
     def __post_init__(self) -> None:
         if self.error_policy not in ("stop", "skip"):

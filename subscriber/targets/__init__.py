@@ -38,6 +38,7 @@ from subscriber.apply import ApplyOptions, SparkSettings, TableOptions, Writer
 from subscriber.config import SubscriberConfig, SubscriptionConfig
 from subscriber.reinit import ShadowLoader, SnapshotError, SnapshotProgress, load_into
 from subscriber.targets import mariadb, postgres, sqlite
+from subscriber.targets.conflicts import ConflictGuard, policies_of, postgres_sql, sqlite_sql
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "TARGETS",
     "TargetPackage",
+    "attach_conflicts",
     "load_snapshot",
     "open_snapshot_loader",
     "open_writer",
@@ -54,6 +56,7 @@ __all__ = [
     "snapshot_needs_spark",
     "spark_settings",
     "target_package",
+    "updatable_options",
 ]
 
 
@@ -105,6 +108,28 @@ def open_writer(
     """
     target = _url(url, base_dir)
     return target_package(target).open_writer(target, config)
+
+
+def attach_conflicts(writer: Writer, subscriptions: Any) -> None:
+    r"""Give ``writer`` the conflict checks of the updatable ones among ``subscriptions``
+    (``SubscriptionConfig``\ s; subscriber/targets/conflicts)."""
+    policies = policies_of(subscriptions)
+    if not policies:
+        return
+    if isinstance(writer, sqlite.SqliteWriter):
+        dialect = sqlite_sql(sqlite.writer.sqlite_value)
+    else:
+        dialect = postgres_sql(getattr(writer, "replication_role", "replica"))
+    writer.conflicts = ConflictGuard(dialect, policies)  # type: ignore[attr-defined]
+
+
+def updatable_options(config: Any, *subscriptions: SubscriptionConfig) -> ApplyOptions:
+    """The ``[apply]`` options (an ``ApplyConfig``), with the rows' commit times when one
+    of ``subscriptions`` is updatable (latest_commit_wins and the log read them)."""
+    options = ApplyOptions.from_config(config)
+    if any(sc.conflicts for sc in subscriptions):
+        options = dataclasses.replace(options, commit_times=True)
+    return options
 
 
 def open_snapshot_loader(

@@ -60,6 +60,17 @@ def to_toml(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def txrepl_cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    """Run ``txrepl ARGS...`` (this interpreter's ``-m common.cli``) from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "common.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(cond: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -20,6 +20,7 @@ import psycopg
 
 from subscriber.apply.errors import WriterError
 from subscriber.apply.writer import RowsStep, Step
+from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._sequences import advance_sequences
@@ -38,6 +39,7 @@ class GroupWrites(HeldWrites):
     _seqs: dict[str, list[tuple[str, str]]]  # owned sequences (_sequences.py)
     _lock: threading.Lock
     _conn: psycopg.Connection[Any] | None
+    conflicts: ConflictGuard | None
 
     def write_held(
         self,
@@ -81,14 +83,18 @@ class GroupWrites(HeldWrites):
                 if commit and grouped:
                     self._connection().execute("COMMIT")
             except psycopg.Error as exc:
+                self._rolled_back()
                 self._abandon()
                 raise self._refused(exc, self._conn, "the group", subscription, first_seq) from exc
             except BaseException:
+                self._rolled_back()
                 if grouped:
                     self._abandon()
                 raise
             if commit:
                 held.clear()
+                if self.conflicts is not None:
+                    self.conflicts.committed()
             else:
                 held.hold(subscription, last_seq)
             return written
@@ -97,7 +103,12 @@ class GroupWrites(HeldWrites):
         """Roll back a group's held transaction, if one is open."""
         with self._lock:
             if self._held.open:
+                self._rolled_back()
                 self._abandon()
+
+    def _rolled_back(self) -> None:
+        if self.conflicts is not None:
+            self.conflicts.rolled_back()
 
     def _abandon(self) -> None:
         # The connection goes with the transaction: its temporary stages may be gone.

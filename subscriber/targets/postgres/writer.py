@@ -73,6 +73,7 @@ from subscriber.apply.writer import (
     SubscriptionState,
     TruncateStep,
 )
+from subscriber.targets.conflicts import ConflictGuard, guarded_rows
 from subscriber.targets.held import Held
 from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
@@ -165,6 +166,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
         self._origin = SessionOrigin()
+        self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -334,7 +336,8 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         staged: tuple[str | None, str | None] | None = None,
     ) -> int:
         if isinstance(step, RowsStep):
-            return self._rows(cur, step, staged)
+            write = lambda s: self._rows(cur, s, staged)  # noqa: E731
+            return guarded_rows(self.conflicts, cur, subscription, step, write)
         if isinstance(step, HistoryStep):
             return self._history(cur, step)
         if isinstance(step, SchemaStep):

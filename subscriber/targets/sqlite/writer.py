@@ -59,6 +59,7 @@ from subscriber.apply.writer import (
     column_of,
     python_values,
 )
+from subscriber.targets.conflicts import ConflictGuard, guarded_rows
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
@@ -231,6 +232,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
         self._guard = TriggerGuard()
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
+        self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
 
     @property
     def node(self) -> str:
@@ -289,8 +291,12 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 seqs = (first_seq, last_seq)
                 METADATA_SQL.close_batch(conn, subscription, incarnation, seqs, reexecute)
                 conn.execute("COMMIT")
+                if self.conflicts is not None:
+                    self.conflicts.committed()
                 return written
             except BaseException as exc:
+                if self.conflicts is not None:
+                    self.conflicts.rolled_back()
                 self._held.clear()
                 self._guard.forget()
                 self._fail(exc, subscription, first_seq)
@@ -300,6 +306,8 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
         """Roll back a group's held transaction, if one is open."""
         with self._lock:
             if self._held.open:
+                if self.conflicts is not None:
+                    self.conflicts.rolled_back()
                 self._held.clear()
                 self._guard.forget()
                 if self._conn.in_transaction:
@@ -378,7 +386,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
 
     def _step(self, subscription: str, step: Step) -> int:
         if isinstance(step, RowsStep):
-            return self._rows(step)
+            return guarded_rows(self.conflicts, self._conn, subscription, step, self._rows)
         if isinstance(step, HistoryStep):
             return self._history(step)
         if isinstance(step, SchemaStep):

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -17,19 +15,9 @@ import grpc
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
-from tests.support.harness import ROOT, Daemon, Pair, subscriber_control, wait_until
+from tests.support.harness import Daemon, Pair, subscriber_control, txrepl_cli, wait_until
 
 pytestmark = pytest.mark.spark
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "common.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 def _rows(path: Path) -> list[tuple[object, ...]]:
@@ -59,7 +47,7 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         head = pair.wait_caught_up()
         assert _rows(pair.target_path) == [(1, "a"), (3, "c"), (4, "d")]
         config = str(tmp_path / "subscriber.toml")
-        listed = _cli("subscriber", "errors", "list", "--config", config, "--json")
+        listed = txrepl_cli("subscriber", "errors", "list", "--config", config, "--json")
         assert listed.returncode == 0, listed.stderr
         [stored] = json.loads(listed.stdout)["errors"]
         assert stored["status"] == "skipped"
@@ -81,10 +69,10 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         assert _rows(pair.target_path) == _rows(pair.source_path)
         assert pair.status().level == head
         # Once: neither the CLI's retry nor a skip touches an applied entry.
-        again = _cli("subscriber", "errors", "retry", "pub1.shop", seq, "--config", config)
+        again = txrepl_cli("subscriber", "errors", "retry", "pub1.shop", seq, "--config", config)
         assert again.returncode == 1
         assert "already applied" in again.stderr
-        skip = _cli("subscriber", "errors", "skip", "pub1.shop", seq, "--config", config)
+        skip = txrepl_cli("subscriber", "errors", "skip", "pub1.shop", seq, "--config", config)
         assert skip.returncode == 1
         assert "not yet applied" in skip.stderr
         # The daemon goes on from its level.
@@ -124,11 +112,11 @@ def test_subscription_broken_after_its_budget_then_unbroken(tmp_path: Path) -> N
         # Broken: no more attempts, even once the publisher is there.
         pair.start_publisher(listen=address)
         time.sleep(3)  # longer than the backoff's 1 s maximum
-        out = _cli("subscriber", "status", "--control", pair.sub.address)
+        out = txrepl_cli("subscriber", "status", "--control", pair.sub.address)
         assert "broken" in out.stdout
         assert pair.status().state == "broken"
         assert pair.status().sessions == 0
-        unbroken = _cli("subscriber", "unbreak", "pub1.shop", "--control", pair.sub.address)
+        unbroken = txrepl_cli("subscriber", "unbreak", "pub1.shop", "--control", pair.sub.address)
         assert unbroken.returncode == 0, unbroken.stderr
         pair.wait_caught_up()
         assert _rows(pair.target_path) == [(1, "a")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import subprocess
 import sys
 from importlib.metadata import version
@@ -32,6 +33,7 @@ JSON_COMMANDS = {
     "subscriber reconnect",
     "subscriber unbreak",
     "subscriber errors list",
+    "subscriber conflicts",
 }
 
 
@@ -94,3 +96,23 @@ def test_version_from_package_metadata() -> None:
     out = subprocess.run([TXREPL, "--version"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0
     assert out.stdout == f"txrepl {version('txrepl')}\n"
+
+
+def test_conflicts_json_is_an_object_and_a_missing_target_one_line(tmp_path: Path) -> None:
+    """`txrepl subscriber conflicts --json` prints an object holding the list; a target
+    file that does not exist is one line on stderr, exit 1, and is not created."""
+    cfg = tmp_path / "sub.toml"
+    cfg.write_text(
+        'server_name = "sub1"\ntarget = "sqlite:///target.db"\n\n[[subscription]]\n'
+        'publisher = "pub1"\naddress = "127.0.0.1:7400"\npublication = "shop"\n'
+    )
+    argv = [TXREPL, "subscriber", "conflicts", "--config", str(cfg), "--json"]
+    missing = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert missing.stderr.count("\n") == 1
+    assert "does not exist" in missing.stderr
+    assert not (tmp_path / "target.db").exists()
+    sqlite3.connect(tmp_path / "target.db").close()
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"conflicts": []}

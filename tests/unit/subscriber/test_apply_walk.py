@@ -37,7 +37,9 @@ class Capture(engine.Applier):
     def __init__(self, options: ApplyOptions | None = None) -> None:
         super().__init__(None, None, "sub", options=options)  # type: ignore[arg-type]
 
-    def _plain_steps(self, steps: list[Any], plain: list[Any], first_seq: int) -> None:
+    def _plain_steps(
+        self, steps: list[Any], plain: list[Any], first_seq: int, commit_times: Any
+    ) -> None:
         for n, buf in plain:
             steps[n] = ("plain", buf.schema, buf.to_arrow(), buf.keys_table())
 
