@@ -31,6 +31,7 @@ from typing import Any
 
 import structlog
 
+from common.constraints import for_publication
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
@@ -240,15 +241,16 @@ class Session:
         txn = self.txn
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
-        if tab.logged != shape.schema:
+        schema = for_publication(shape.schema, ps.tables)
+        if tab.logged != schema:
             if tab.logged is not None and needs_copy(
-                tab.logged, shape.schema, lambda names: self.cap._cat().filled(tab.name, names)
+                tab.logged, schema, lambda names: self.cap._cat().filled(tab.name, names)
             ):
                 txn.recopy.append((ps.pub.name, tab.name.display))
-            ops.append(pb.Op(schema=shape.schema))
+            ops.append(pb.Op(schema=schema))
             txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
-            tab.logged = shape.schema
-            txn.logged.append((ps.pub.name, shape.schema.table, shape.schema))
+            tab.logged = schema
+            txn.logged.append((ps.pub.name, schema.table, schema))
         return ops
 
     def _change(self, ev: Insert | Update | Delete) -> None:
@@ -428,8 +430,9 @@ class Session:
                 shape, _ = next(it)
             except STALE_ERRORS as e:
                 raise StaleSnapshot(f"table {display!r} changed after the snapshot") from e
+            schema = for_publication(shape.schema, ps.tables)
             entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
-            entry.ops.append(pb.Op(schema=shape.schema))
+            entry.ops.append(pb.Op(schema=schema))
             entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
             for _, chunk in it:
                 for row in chunk:
@@ -446,9 +449,9 @@ class Session:
         self.cap.entries += 1
         tab.complete = True
         tab.recopy = False
-        tab.logged = shape.schema
+        tab.logged = schema
         self.touched.add(pub.name)
-        self.cap._save_logged(pub.name, display, shape.schema, done=True)
+        self.cap._save_logged(pub.name, display, schema, done=True)
         log.info("table snapshot logged", publication=pub.name, table=display, rows=rows)
 
     def _keepalive(self) -> None:

@@ -17,19 +17,16 @@ the source database, written by triggers in the writer's own transaction::
     _txrepl_pubs(publication, incarnation, tbl, added_id)   -- what is installed
     _txrepl_shapes(gen, tbl, schema)  -- each build of a table's triggers
 
-``shapes.py`` has the triggers and the schema evolution argument (ALTER TABLE on
-a published table, while running and across restarts).
+``shapes.py``: the triggers and schema evolution; ``constraints.py``: indexes.
 
 * Order.  SQLite serialises writers, so AUTOINCREMENT ids are handed out in commit
   order.  A reader sees only whole committed transactions, so one poll (one read
   transaction) yields whole transactions in commit order; they become one entry
   per publication (group commit).  SQLite gives triggers no transaction id, so
   an entry may hold several consecutive transactions, never part of one.
-* Exact values.  quote() renders integers, text, blobs (X'..') and reals with
-  enough digits to round-trip, unlike json_array's 15-digit reals; TEXT holding a NUL
-  (where quote() stops) travels as its bytes (``shapes.literal``), TEXT that is not
-  UTF-8 is read with surrogate escapes and carried as ``text_bytes``.  Values keep
-  their storage class (``exact.py``): docs/types.md.
+* Exact values.  quote() renders integers, text, blobs and reals with enough digits
+  to round-trip; TEXT holding a NUL travels as its bytes (``shapes.literal``), TEXT
+  that is not UTF-8 as ``text_bytes``; storage classes are kept (``exact.py``).
 * Adding a table to a publication is ONE source write transaction (BEGIN
   IMMEDIATE): (re)create the triggers, append an 'S' row carrying the table's
   schema, copy every existing row as an 'I' row tagged with the publication, and
@@ -59,10 +56,12 @@ from pathlib import Path
 
 import structlog
 
+from common.constraints import same_shape
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
 from publisher.capture.health import CaptureHealth
+from publisher.capture.sqlite.constraints import published, read_constraints
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
@@ -185,6 +184,7 @@ class SqliteCapture:
                 "replicate a table (add a primary key, or leave the table out of the publication)"
             )
         schema.primary_key.extend(name for _, name in sorted(pk))
+        schema.constraints.extend(read_constraints(conn or self._conn, table))
         return schema
 
     def _shape(self, gen: int | None, table: str) -> _Shape:
@@ -244,7 +244,8 @@ class SqliteCapture:
                     "INSERT INTO _txrepl_capture(pub, tbl, op, gen) VALUES (NULL, ?, 'T', ?)",
                     (table, gen),
                 )
-            copy_rows(self._conn, schema, gen, None)
+            if not present or not same_shape(latest[1], schema):  # not just constraints
+                copy_rows(self._conn, schema, gen, None)
             log.info(
                 "captured table changed shape; schema and rows logged",
                 table=table,
@@ -511,7 +512,7 @@ class SqliteCapture:
                 op = pb.Op()
                 op.schema.MergeFromString(r.v)
                 op.schema.table = format_table(None, r.tbl)
-                room(op)
+                room(published(op, tables))
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
@@ -519,7 +520,7 @@ class SqliteCapture:
                 op = pb.Op()
                 op.schema.CopyFrom(shape.schema)
                 op.schema.table = format_table(None, r.tbl)
-                room(op)
+                room(published(op, tables))
                 logged[(publication, r.tbl)] = r.gen
             if r.size > limit:
                 raise RowTooLarge(
