@@ -257,3 +257,68 @@ def test_a_constraint_the_target_rows_violate_is_refused_by_name(
     finally:
         pair.stop()
         src.close()
+
+
+SQLITE_SCHEMA = """
+CREATE TABLE outside(id INTEGER PRIMARY KEY);
+CREATE TABLE parent(id INTEGER PRIMARY KEY, name TEXT);
+CREATE TABLE items(id INTEGER PRIMARY KEY, email TEXT, qty INTEGER,
+                   oid INTEGER REFERENCES outside(id),
+                   pid INTEGER REFERENCES parent(id) ON DELETE CASCADE);
+INSERT INTO outside VALUES (1);
+INSERT INTO parent VALUES (1, 'p1'), (2, 'p2');
+INSERT INTO items VALUES (1, 'e1', 1, 1, 1), (2, 'e2', 2, 1, 2), (3, 'e3', 3, 1, 1);
+"""
+
+
+def _wait_names(pair: Pair, url: str, table: str, want: set[str]) -> None:
+    seen: list[set[str]] = []
+
+    def done() -> bool:
+        seen[:] = [_target_names(url, table)]
+        return seen[0] == want
+
+    try:
+        wait_until(done, 60, f"the target's {table} constraints", interval=0.3)
+    except TimeoutError:
+        st = pair.status()
+        raise AssertionError(f"state {st.state} ({st.last_error}); target has {seen}") from None
+
+
+@pytest.mark.parametrize("mode", ["running", "paused"])
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_indexes_follow_a_sqlite_source_without_a_later_write(
+    tmp_path: Path, pg_server: Any, kind: str, mode: str
+) -> None:
+    """A SQLite source's CREATE UNIQUE INDEX and DROP INDEX reach the target with no
+    row written after them; its foreign keys reach a table the target creates, not
+    the one to a table outside the publication; a swap under the index applies."""
+    url = _target(kind, tmp_path, pg_server)
+    pair = Pair(tmp_path, tables=["parent", "items"], target_url=url)
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None, timeout=30)
+    src.execute("PRAGMA journal_mode=WAL")
+    src.executescript(SQLITE_SCHEMA)
+    fk = {"items_fk0"} if kind == "postgres" else {"fk:parent"}
+    try:
+        pair.start_publisher()
+        if mode == "running":
+            pair.start_subscriber()
+            _wait_target(pair, src, url, "items", fk)
+        src.execute("CREATE UNIQUE INDEX items_email_uq ON items(email)")
+        if mode == "running":
+            _wait_names(pair, url, "items", fk | {"items_email_uq"})
+        _run(src, ["UPDATE items SET email = 'tmp' WHERE id = 1",
+                   "UPDATE items SET email = 'e1' WHERE id = 2",
+                   "UPDATE items SET email = 'e2' WHERE id = 1"])  # fmt: skip
+        if mode == "running":
+            _wait_target(pair, src, url, "items", fk | {"items_email_uq"})
+        src.execute("DROP INDEX items_email_uq")
+        if mode == "paused":
+            pair.start_subscriber()
+        _wait_target(pair, src, url, "items", fk)
+        src.execute("UPDATE items SET email = 'e3' WHERE id = 1")  # a duplicate now
+        _wait_target(pair, src, url, "items", fk)
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
