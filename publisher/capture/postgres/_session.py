@@ -35,6 +35,7 @@ from common.constraints import for_publication
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
 from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
@@ -45,6 +46,7 @@ from publisher.capture.postgres._pgoutput import (
     Delete,
     Event,
     Insert,
+    Message,
     Relation,
     Truncate,
     Update,
@@ -133,6 +135,7 @@ class Session:
         self.last_feedback = 0.0
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
         self.flusher = Flusher([p.log for p in pubs])
+        self.watch = DdlWatch(cap._admin, cap._lock) if self.wal2json is None else None
 
     def close(self) -> None:
         if self.txn is not None:
@@ -168,7 +171,7 @@ class Session:
         self.conn = cap._replication_conn()
         self.cur = self.conn.cursor()
         options = (
-            {"proto_version": "1", "publication_names": cap.pg_publication}
+            {"proto_version": "1", "publication_names": cap.pg_publication, "messages": "true"}
             if cap.plugin == "pgoutput"
             else dict(WAL2JSON_OPTIONS)
         )
@@ -220,6 +223,8 @@ class Session:
                 self._change(ev)
             elif isinstance(ev, Truncate):
                 self._truncate(ev)
+            elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
+                self._ddl(ev.content.decode())
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -252,6 +257,19 @@ class Session:
             tab.logged = schema
             txn.logged.append((ps.pub.name, schema.table, schema))
         return ops
+
+    def _ddl(self, tables: str) -> None:
+        """A ``_ddlwatch`` message: log the named tables' schemas that moved."""
+        for display in tables.split("\n"):
+            targets = self._targets(display)
+            if not targets:
+                continue
+            try:
+                shape = self.cap.current_shape(targets[0][1].name)
+            except SourceError:
+                continue  # gone since: nothing to follow
+            for ps, tab in targets:
+                self._ops(ps, tab, shape)
 
     def _change(self, ev: Insert | Update | Delete) -> None:
         r = self.rels.get(ev.oid)
@@ -461,6 +479,10 @@ class Session:
     def _idle(self) -> None:
         if self.txn is not None:
             return
+        if self.watch is not None:
+            self.watch.poll(
+                {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
+            )
         wal_end = int(self.cur.wal_end or 0)
         first = self.cap._first_mark()
         if self.pending is not None or first is not None:

@@ -322,3 +322,30 @@ def test_indexes_follow_a_sqlite_source_without_a_later_write(
     finally:
         pair.stop()
         src.close()
+
+
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, kind: str) -> None:
+    """A UNIQUE constraint and an ADD COLUMN ... DEFAULT on a PostgreSQL source, with
+    no write to the tables afterwards, reach the running target within seconds."""
+    dsn, src = _pg_source(pg_server)
+    url = _target(kind, tmp_path, pg_server)
+    pair = Pair(
+        tmp_path,
+        tables=["parent", "items"],
+        source_url=dsn,
+        target_url=url,
+        publisher_extra={"slot": "txrepl_" + dsn.rsplit("/", 1)[-1]},
+    )
+    base = {"items_pid_fkey"} if kind == "postgres" else {"fk:parent"}
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        _wait_target(pair, src, url, "items", base)
+        _run(src, [ADD[0], "ALTER TABLE parent ADD COLUMN note text DEFAULT 'n'"])
+        _wait_target(pair, src, url, "items", base | {"items_email_key"})
+        _wait_target(pair, src, url, "parent", set())
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
