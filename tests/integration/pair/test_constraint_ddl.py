@@ -204,9 +204,12 @@ def test_constraints_across_a_publisher_restart_and_a_subscriber_kill(
         _run(src, SWAP, one_transaction=True)
         pair.start_publisher(listen=listen)
         before = pair.head()
-        _run(src, ["INSERT INTO items SELECT g, 'm' || g, g, 1, 1 FROM generate_series(10, 3000) g"])
+        _run(
+            src, ["INSERT INTO items SELECT g, 'm' || g, g, 1, 1 FROM generate_series(10, 2000) g"]
+        )
         wait_until(lambda: pair.head() > before, 60, "the rows to be logged")
-        sub = pair.start_subscriber()
+        sub = pair.start_subscriber()  # one batch: the schema ops, the swap, the rows
+        wait_until(lambda: pair.status().state != "connecting", 60, "the subscriber to start")
         sub.kill()
         pair.start_subscriber()
         _wait_target(pair, src, url, "items", added)
@@ -246,7 +249,8 @@ def test_a_constraint_the_target_rows_violate_is_refused_by_name(
         _run(src, [ADD[0], "UPDATE items SET qty = 9 WHERE id = 5"])
         wait_until(lambda: pair.status().state == "error", 60, "the subscription to stop")
         error = pair.status().last_error
-        assert "items_email_key" in error and "'items'" in error, error
+        assert "items_email_key" in error, error
+        assert "'items'" in error, error
         if kind == "postgres":
             with psycopg.connect(url) as dst:
                 parked = dst.execute("SELECT count(*) FROM txrepl_errors").fetchone()

@@ -46,7 +46,7 @@ def _wait_rows(pair: Pair, url: str, table: str, want: list[tuple[Any, ...]]) ->
 
     def done() -> bool:
         seen[:] = [_rows(url, table)]
-        return seen[0] == want
+        return bool(seen[0] == want)
 
     try:
         wait_until(done, 60, f"the target's {table}", interval=0.3)
