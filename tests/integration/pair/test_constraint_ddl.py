@@ -133,14 +133,11 @@ def _target(kind: str, tmp_path: Path, pg_server: Any) -> str:
     return pg_server.create_database() if kind == "postgres" else f"sqlite:///{tmp_path}/t.db"
 
 
-@pytest.mark.parametrize("mode", ["running", "paused"])
-@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
-def test_constraints_follow_a_postgresql_source(
-    tmp_path: Path, pg_server: Any, kind: str, mode: str
-) -> None:
-    """UNIQUE, CHECK, an index and foreign keys reach the target as the source has them,
-    not the foreign key to a table outside the publication; a swap under the new
-    UNIQUE applies; dropped ones are dropped and a duplicate then lands."""
+def _pg_pair(
+    tmp_path: Path, pg_server: Any, kind: str
+) -> tuple[psycopg.Connection[Any], str, Pair]:
+    """(source connection, target URL, the pair) for a PostgreSQL source publishing
+    ``parent`` and ``items`` into a ``kind`` target."""
     dsn, src = _pg_source(pg_server)
     url = _target(kind, tmp_path, pg_server)
     pair = Pair(
@@ -150,6 +147,18 @@ def test_constraints_follow_a_postgresql_source(
         target_url=url,
         publisher_extra={"slot": "txrepl_" + dsn.rsplit("/", 1)[-1]},
     )
+    return src, url, pair
+
+
+@pytest.mark.parametrize("mode", ["running", "paused"])
+@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
+def test_constraints_follow_a_postgresql_source(
+    tmp_path: Path, pg_server: Any, kind: str, mode: str
+) -> None:
+    """UNIQUE, CHECK, an index and foreign keys reach the target as the source has them,
+    not the foreign key to a table outside the publication; a swap under the new
+    UNIQUE applies; dropped ones are dropped and a duplicate then lands."""
+    src, url, pair = _pg_pair(tmp_path, pg_server, kind)
     added = PG_ADDED if kind == "postgres" else SQLITE_ADDED
     base = {"items_pid_fkey"} if kind == "postgres" else {"fk:parent"}
     try:
@@ -181,15 +190,7 @@ def test_constraints_across_a_publisher_restart_and_a_subscriber_kill(
 ) -> None:
     """Constraints added while the publisher is down reach the target after its restart;
     kill -9 of the subscriber while it applies them (one batch) loses nothing."""
-    dsn, src = _pg_source(pg_server)
-    url = _target(kind, tmp_path, pg_server)
-    pair = Pair(
-        tmp_path,
-        tables=["parent", "items"],
-        source_url=dsn,
-        target_url=url,
-        publisher_extra={"slot": "txrepl_" + dsn.rsplit("/", 1)[-1]},
-    )
+    src, url, pair = _pg_pair(tmp_path, pg_server, kind)
     added = PG_ADDED if kind == "postgres" else SQLITE_ADDED
     try:
         pair.start_publisher()
@@ -225,15 +226,7 @@ def test_a_constraint_the_target_rows_violate_is_refused_by_name(
 ) -> None:
     """A UNIQUE constraint whose values a hand-edited target row duplicates stops the
     subscription naming table and constraint, the entry parked in txrepl_errors."""
-    dsn, src = _pg_source(pg_server)
-    url = _target(kind, tmp_path, pg_server)
-    pair = Pair(
-        tmp_path,
-        tables=["parent", "items"],
-        source_url=dsn,
-        target_url=url,
-        publisher_extra={"slot": "txrepl_" + dsn.rsplit("/", 1)[-1]},
-    )
+    src, url, pair = _pg_pair(tmp_path, pg_server, kind)
     try:
         pair.start_publisher()
         pair.start_subscriber()
@@ -332,15 +325,7 @@ def test_indexes_follow_a_sqlite_source_without_a_later_write(
 def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, kind: str) -> None:
     """A UNIQUE constraint and an ADD COLUMN ... DEFAULT on a PostgreSQL source, with
     no write to the tables afterwards, reach the running target within seconds."""
-    dsn, src = _pg_source(pg_server)
-    url = _target(kind, tmp_path, pg_server)
-    pair = Pair(
-        tmp_path,
-        tables=["parent", "items"],
-        source_url=dsn,
-        target_url=url,
-        publisher_extra={"slot": "txrepl_" + dsn.rsplit("/", 1)[-1]},
-    )
+    src, url, pair = _pg_pair(tmp_path, pg_server, kind)
     base = {"items_pid_fkey"} if kind == "postgres" else {"fk:parent"}
     try:
         pair.start_publisher()
