@@ -61,6 +61,35 @@ COLUMN_TYPE_TIMESTAMPTZ: ColumnType.ValueType  # 10
 COLUMN_TYPE_JSON: ColumnType.ValueType  # 11
 Global___ColumnType: _TypeAlias = ColumnType  # noqa: Y015
 
+class _ConstraintKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConstraintKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConstraintKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONSTRAINT_KIND_UNSPECIFIED: _ConstraintKind.ValueType  # 0
+    CONSTRAINT_KIND_UNIQUE: _ConstraintKind.ValueType  # 1
+    """columns"""
+    CONSTRAINT_KIND_CHECK: _ConstraintKind.ValueType  # 2
+    """expression, in the source's dialect"""
+    CONSTRAINT_KIND_FOREIGN_KEY: _ConstraintKind.ValueType  # 3
+    """columns REFERENCES ref_table(ref_columns)"""
+    CONSTRAINT_KIND_INDEX: _ConstraintKind.ValueType  # 4
+    """an index that is no constraint: columns, unique"""
+
+class ConstraintKind(_ConstraintKind, metaclass=_ConstraintKindEnumTypeWrapper): ...
+
+CONSTRAINT_KIND_UNSPECIFIED: ConstraintKind.ValueType  # 0
+CONSTRAINT_KIND_UNIQUE: ConstraintKind.ValueType  # 1
+"""columns"""
+CONSTRAINT_KIND_CHECK: ConstraintKind.ValueType  # 2
+"""expression, in the source's dialect"""
+CONSTRAINT_KIND_FOREIGN_KEY: ConstraintKind.ValueType  # 3
+"""columns REFERENCES ref_table(ref_columns)"""
+CONSTRAINT_KIND_INDEX: ConstraintKind.ValueType  # 4
+"""an index that is no constraint: columns, unique"""
+Global___ConstraintKind: _TypeAlias = ConstraintKind  # noqa: Y015
+
 class _RowOp:
     ValueType = _typing.NewType("ValueType", _builtins.int)
     V: _TypeAlias = ValueType  # noqa: Y015
@@ -368,6 +397,7 @@ class TableSchema(_message.Message):
     COLUMNS_FIELD_NUMBER: _builtins.int
     PRIMARY_KEY_FIELD_NUMBER: _builtins.int
     SOURCE_DIALECT_FIELD_NUMBER: _builtins.int
+    CONSTRAINTS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
     source_dialect: _builtins.str
     """The source's dialect ("sqlite", "postgresql"; empty: an application's Publish).
@@ -381,6 +411,14 @@ class TableSchema(_message.Message):
     def primary_key(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """column names, in key order"""
 
+    @_builtins.property
+    def constraints(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableConstraint]:
+        """Secondary constraints and indexes (not the primary key, not NOT NULL), by name.
+        Foreign keys to tables outside the publication are left out by the publisher.
+        A target creates them with the table and follows later changes by name
+        (docs/schema-changes.md, "Constraints and indexes").
+        """
+
     def __init__(
         self,
         *,
@@ -388,14 +426,71 @@ class TableSchema(_message.Message):
         columns: _abc.Iterable[Global___Column] | None = ...,
         primary_key: _abc.Iterable[_builtins.str] | None = ...,
         source_dialect: _builtins.str = ...,
+        constraints: _abc.Iterable[Global___TableConstraint] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "primary_key", b"primary_key", "source_dialect", b"source_dialect", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "constraints", b"constraints", "primary_key", b"primary_key", "source_dialect", b"source_dialect", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TableSchema: _TypeAlias = TableSchema  # noqa: Y015
+
+@_typing.final
+class TableConstraint(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    KIND_FIELD_NUMBER: _builtins.int
+    COLUMNS_FIELD_NUMBER: _builtins.int
+    UNIQUE_FIELD_NUMBER: _builtins.int
+    EXPRESSION_FIELD_NUMBER: _builtins.int
+    REF_TABLE_FIELD_NUMBER: _builtins.int
+    REF_COLUMNS_FIELD_NUMBER: _builtins.int
+    ON_DELETE_FIELD_NUMBER: _builtins.int
+    ON_UPDATE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    kind: Global___ConstraintKind.ValueType
+    unique: _builtins.bool
+    """INDEX only"""
+    expression: _builtins.str
+    """CHECK: its expression.  INDEX: the source dialect's text after the table name
+    ("USING btree (lower(a)) WHERE ...", SQLite: "(lower(a)) WHERE ..."); a target
+    of another dialect uses `columns` and skips an index that has none.
+    """
+    ref_table: _builtins.str
+    """FOREIGN_KEY"""
+    on_delete: _builtins.str
+    """FOREIGN_KEY: "CASCADE", "SET NULL", ... ("": NO ACTION)"""
+    on_update: _builtins.str
+    @_builtins.property
+    def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """empty for an index on expressions"""
+
+    @_builtins.property
+    def ref_columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """FOREIGN_KEY"""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        kind: Global___ConstraintKind.ValueType = ...,
+        columns: _abc.Iterable[_builtins.str] | None = ...,
+        unique: _builtins.bool = ...,
+        expression: _builtins.str = ...,
+        ref_table: _builtins.str = ...,
+        ref_columns: _abc.Iterable[_builtins.str] | None = ...,
+        on_delete: _builtins.str = ...,
+        on_update: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "expression", b"expression", "kind", b"kind", "name", b"name", "on_delete", b"on_delete", "on_update", b"on_update", "ref_columns", b"ref_columns", "ref_table", b"ref_table", "unique", b"unique"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TableConstraint: _TypeAlias = TableConstraint  # noqa: Y015
 
 @_typing.final
 class RowChange(_message.Message):

@@ -63,6 +63,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
+from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.writer import CallStep, RowsStep, SchemaStep, SqlStep, Step
 
 __all__ = ["ConstraintOrder", "OrderedTables"]
@@ -98,7 +99,7 @@ class ConstraintOrder:
         if unknown:
             found = self._writer.ordered_tables(sorted(unknown))
             self._known.update((t, t in found) for t in unknown)
-        ordered = {t for t in names if self._known[t]}
+        ordered = {t for t in names if self._known[t]} | _gaining_unique(steps)
         if any(isinstance(s, SchemaStep | SqlStep | CallStep) for s in steps):
             self.forget()  # the batch may create or drop constraints: read them again
         if not ordered:
@@ -110,6 +111,17 @@ class ConstraintOrder:
             else:
                 out.append(step)
         return out
+
+
+def _gaining_unique(steps: Sequence[Step]) -> set[str]:
+    """Tables a schema step of the batch may give a unique constraint (the catalog
+    read above is from before the batch): ordered from the start, which is safe."""
+    return {
+        s.schema.table
+        for s in steps
+        if isinstance(s, SchemaStep)
+        and any(c.kind == pb.CONSTRAINT_KIND_UNIQUE or c.unique for c in s.schema.constraints)
+    }
 
 
 def _delete_then_insert(step: RowsStep) -> list[Step]:

@@ -4,9 +4,8 @@
 connection and the catalog, ``check()`` (wal_level, REPLICATION, slot health),
 ``install()`` (replica identity FULL, membership in the PostgreSQL publication,
 the ``_txrepl.installs`` rows), the install-snapshot bookkeeping the session
-calls (``_load``, ``_save_logged``, ``_begin_snapshot``), and exported snapshots
-(``export_snapshot``, ``wait_position``, ``_read_snapshot``).  The ordering
-argument is in the package docstring (publisher/capture/postgres/__init__.py).
+calls (``_load``, ``_save_logged``, ``_begin_snapshot``), exported snapshots
+(``export_snapshot``, ``wait_position``, ``_read_snapshot``).  Ordering: __init__.py.
 """
 
 from __future__ import annotations
@@ -24,6 +23,7 @@ from psycopg import sql
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.health import CaptureHealth
+from publisher.capture.postgres._ddlwatch import relcols
 from publisher.capture.postgres._partitions import (
     leaves_identity,
     publication_members,
@@ -554,16 +554,19 @@ class CaptureCore:
         self, conn: psycopg.Connection[tuple[Any, ...]], table: TableName
     ) -> tuple[TableShape, list[RelColumn]]:
         """A table's shape and columns, read in ``conn``'s (snapshot) transaction."""
-        cols = conn.execute(
-            "SELECT attname, atttypid, atttypmod FROM pg_attribute"
-            " WHERE attrelid = to_regclass(%s) AND attnum > 0 AND NOT attisdropped"
-            " AND attgenerated = '' ORDER BY attnum",
-            (table.sql,),
-        ).fetchall()
+        cols = relcols(conn, table.sql)
         if not cols:
             raise SourceError(f"table {table.display!r} is gone from the {self._where()}")
-        relcols = [RelColumn(str(n), int(o), int(m)) for n, o, m in cols]
-        return self._cat().shape(table, relcols), relcols
+        return self._cat().shape(table, cols), cols
+
+    def current_shape(self, table: TableName) -> TableShape:
+        """The table's shape in the current catalog (``_ddlwatch``)."""
+        conn = self._admin()
+        with self._lock:
+            cols = relcols(conn, table.sql)
+        if not cols:
+            raise SourceError(f"table {table.display!r} is gone from the {self._where()}")
+        return self._cat().shape(table, cols)
 
     def _read_snapshot(
         self, pending: PendingSnapshot, table: TableName, keepalive: Callable[[], None]

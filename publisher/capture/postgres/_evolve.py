@@ -41,9 +41,9 @@ A copy read under a snapshot older than a later rewrite of the table would read 
 as empty (rewrites are not MVCC-safe): ``_stale.check_fresh`` refuses it
 (``StaleSnapshot``) and the session takes a new snapshot of the table.
 
-Not seen: a DDL with no later row change of the table is noticed only at the
-table's next change (PostgreSQL sends a relation message before a change, never on
-DDL itself); an event trigger would see it at once but needs a superuser.
+A DDL with no later row change of the table (PostgreSQL sends a relation message
+before a change, never on DDL itself) is noticed by ``_ddlwatch.py`` within about a
+second; an event trigger would see it at once but needs a superuser.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ import psycopg
 
 from common.names import format_table, parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.postgres._pgconstraints import read_constraints
 from publisher.capture.postgres._pgoutput import RelColumn
 from publisher.capture.postgres._pgtypes import TypeInfo, builtin_type, numeric_typmod
 from publisher.errors import SourceError
@@ -237,4 +238,9 @@ class Catalog:
                 info.column(col.name, nullable=col.name not in notnull and col.name not in pk)
             )
         schema.primary_key.extend(pk)
+        if found is not None:
+            with self._lock:
+                schema.constraints.extend(read_constraints(self._conn, table.sql))
+        elif previous is not None:
+            schema.constraints.extend(previous.schema.constraints)
         return TableShape(schema, tuple(infos), tuple(names.index(k) for k in pk))

@@ -16,7 +16,8 @@ capture logic never looks at plugin formats.  The pgoutput messages (PostgreSQL 
     U  Update    Int32 oid, ['K' | 'O', TupleData], 'N', TupleData
     D  Delete    Int32 oid, 'K' | 'O', TupleData
     T  Truncate  Int32 nrels, Int8 options (1 cascade, 2 restart identity), nrels x Int32
-    M  Message   (only with the messages option; ignored)
+    M  Message   Int8 flags (1 transactional), Int64 lsn, String prefix, Int32 n, n bytes
+                 (only with the messages option: ``_ddlwatch.py``)
 
     TupleData    Int16 ncols, ncols x ('n' null | 'u' unchanged TOAST
                  | 't' Int32 len, text bytes | 'b' Int32 len, binary bytes)
@@ -42,6 +43,7 @@ __all__ = [
     "Delete",
     "Event",
     "Insert",
+    "Message",
     "Origin",
     "ProtocolError",
     "RelColumn",
@@ -80,6 +82,15 @@ class Begin:
     final_lsn: int
     commit_time_us: int  # unix epoch
     xid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A logical message (``pg_logical_emit_message``)."""
+
+    transactional: bool
+    prefix: str
+    content: bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +151,7 @@ class Origin:
     name: str
 
 
-Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Origin
+Event = Begin | Commit | Relation | Insert | Update | Delete | Truncate | Origin | Message
 
 _I8 = struct.Struct(">b")
 _I16 = struct.Struct(">h")
@@ -224,7 +235,7 @@ class _Reader:
 
 
 def parse_pgoutput(payload: bytes) -> Event | None:
-    """Parse one pgoutput message; None for messages capture does not need (Y, M)."""
+    """Parse one pgoutput message; None for messages capture does not need (Y)."""
     if not payload:
         raise ProtocolError("empty message")
     tag = chr(payload[0])
@@ -279,7 +290,13 @@ def parse_pgoutput(payload: bytes) -> Event | None:
         if tag == "O":
             r.pos = 9  # the origin's commit LSN: not needed
             return Origin(r.string())
-        if tag in ("Y", "M"):
+        if tag == "M":
+            flags = r.i8()
+            r.pos += 8  # the message's lsn
+            prefix = r.string()
+            n = r.i32()
+            return Message(bool(flags & 1), prefix, payload[r.pos : r.pos + n])
+        if tag == "Y":
             return None
     except (struct.error, ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"malformed pgoutput {tag!r} message: {e}") from e

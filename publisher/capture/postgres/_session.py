@@ -31,10 +31,12 @@ from typing import Any
 
 import structlog
 
+from common.constraints import for_publication
 from common.origin import node_of_pg_origin
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
 from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
@@ -45,6 +47,7 @@ from publisher.capture.postgres._pgoutput import (
     Delete,
     Event,
     Insert,
+    Message,
     Origin,
     Relation,
     Truncate,
@@ -134,6 +137,7 @@ class Session:
         self.last_feedback = 0.0
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
         self.flusher = Flusher([p.log for p in pubs])
+        self.watch = DdlWatch(cap._admin, cap._lock) if self.wal2json is None else None
 
     def close(self) -> None:
         if self.txn is not None:
@@ -169,7 +173,7 @@ class Session:
         self.conn = cap._replication_conn()
         self.cur = self.conn.cursor()
         options = (
-            {"proto_version": "1", "publication_names": cap.pg_publication}
+            {"proto_version": "1", "publication_names": cap.pg_publication, "messages": "true"}
             if cap.plugin == "pgoutput"
             else dict(WAL2JSON_OPTIONS)
         )
@@ -223,6 +227,8 @@ class Session:
                 self._truncate(ev)
             elif isinstance(ev, Origin) and self.txn is not None:
                 self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
+            elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
+                self._ddl(ev.content.decode())
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -244,16 +250,30 @@ class Session:
         txn = self.txn
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
-        if tab.logged != shape.schema:
+        schema = for_publication(shape.schema, ps.tables)
+        if tab.logged != schema:
             if tab.logged is not None and needs_copy(
-                tab.logged, shape.schema, lambda names: self.cap._cat().filled(tab.name, names)
+                tab.logged, schema, lambda names: self.cap._cat().filled(tab.name, names)
             ):
                 txn.recopy.append((ps.pub.name, tab.name.display))
-            ops.append(pb.Op(schema=shape.schema))
+            ops.append(pb.Op(schema=schema))
             txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
-            tab.logged = shape.schema
-            txn.logged.append((ps.pub.name, shape.schema.table, shape.schema))
+            tab.logged = schema
+            txn.logged.append((ps.pub.name, schema.table, schema))
         return ops
+
+    def _ddl(self, tables: str) -> None:
+        """A ``_ddlwatch`` message: log the named tables' schemas that moved."""
+        for display in tables.split("\n"):
+            targets = self._targets(display)
+            if not targets:
+                continue
+            try:
+                shape = self.cap.current_shape(targets[0][1].name)
+            except SourceError:
+                continue  # gone since: nothing to follow
+            for ps, tab in targets:
+                self._ops(ps, tab, shape)
 
     def _change(self, ev: Insert | Update | Delete) -> None:
         r = self.rels.get(ev.oid)
@@ -439,8 +459,9 @@ class Session:
                 shape, _ = next(it)
             except STALE_ERRORS as e:
                 raise StaleSnapshot(f"table {display!r} changed after the snapshot") from e
+            schema = for_publication(shape.schema, ps.tables)
             entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
-            entry.ops.append(pb.Op(schema=shape.schema))
+            entry.ops.append(pb.Op(schema=schema))
             entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
             size, limit = entry.ByteSize(), self.cap.max_entry_bytes
             for _, chunk in it:
@@ -466,9 +487,9 @@ class Session:
         self.cap.entries += 1
         tab.complete = True
         tab.recopy = False
-        tab.logged = shape.schema
+        tab.logged = schema
         self.touched.add(pub.name)
-        self.cap._save_logged(pub.name, display, shape.schema, done=True)
+        self.cap._save_logged(pub.name, display, schema, done=True)
         log.info("table snapshot logged", publication=pub.name, table=display, rows=rows)
 
     def _keepalive(self) -> None:
@@ -478,6 +499,10 @@ class Session:
     def _idle(self) -> None:
         if self.txn is not None:
             return
+        if self.watch is not None:
+            self.watch.poll(
+                {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
+            )
         wal_end = int(self.cur.wal_end or 0)
         first = self.cap._first_mark()
         if self.pending is not None or first is not None:

@@ -18,8 +18,7 @@ the source database, written by triggers in the writer's own transaction::
     _txrepl_pubs(publication, incarnation, tbl, added_id)   -- what is installed
     _txrepl_shapes(gen, tbl, schema)  -- each build of a table's triggers
 
-``shapes.py`` has the triggers and the schema evolution argument (ALTER TABLE on
-a published table, while running and across restarts).
+``shapes.py``: the triggers and schema evolution; ``constraints.py``: indexes.
 
 * Order.  SQLite serialises writers, so AUTOINCREMENT ids are handed out in commit
   order.  A reader sees only whole committed transactions, so one poll (one read
@@ -59,11 +58,13 @@ from pathlib import Path
 
 import structlog
 
+from common.constraints import same_shape
 from common.names import format_table
 from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
 from publisher.capture.health import CaptureHealth
+from publisher.capture.sqlite.constraints import published, read_constraints
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image, image_values_at, parse_sql_literal
 from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
@@ -176,6 +177,7 @@ class SqliteCapture:
                 "replicate a table (add a primary key, or leave the table out of the publication)"
             )
         schema.primary_key.extend(name for _, name in sorted(pk))
+        schema.constraints.extend(read_constraints(conn or self._conn, table))
         return schema
 
     def _shape(self, gen: int | None, table: str) -> _Shape:
@@ -243,7 +245,8 @@ class SqliteCapture:
                     "INSERT INTO _txrepl_capture(pub, tbl, op, gen) VALUES (NULL, ?, 'T', ?)",
                     (table, gen),
                 )
-            copy_rows(self._conn, schema, gen, None)
+            if not present or not same_shape(latest[1], schema):  # not just constraints
+                copy_rows(self._conn, schema, gen, None)
             log.info(
                 "captured table changed shape; schema and rows logged",
                 table=table,
@@ -510,7 +513,7 @@ class SqliteCapture:
                 op = pb.Op()
                 op.schema.MergeFromString(r.v)
                 op.schema.table = format_table(None, r.tbl)
-                room(op)
+                room(published(op, tables))
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
@@ -518,7 +521,7 @@ class SqliteCapture:
                 op = pb.Op()
                 op.schema.CopyFrom(shape.schema)
                 op.schema.table = format_table(None, r.tbl)
-                room(op)
+                room(published(op, tables))
                 logged[(publication, r.tbl)] = r.gen
             if r.size > limit:
                 raise RowTooLarge(

@@ -165,7 +165,12 @@ class SqliteSource:
         if not live:
             return 0
         if upto is None:
-            upto = self.capture.max_id()
+            cap = self.capture
+            if cap.schema_version() != cap._schema_version:
+                # DDL with no write after it: its 'S' row is written now, below the
+                # bound read next (read() would write it above, seen at the next write)
+                cap._waiting(cap.refresh)
+            upto = cap.max_id()
         installed: dict[str, dict[str, int]] | None = None
         groups = {p.name: GroupWriter(p) for p in live}
         ends = {p.name: p.position for p in live}

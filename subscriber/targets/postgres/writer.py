@@ -8,7 +8,8 @@ A batch's transaction::
     INSERT level row if missing; SELECT ... FOR UPDATE   -- the level lock: a second
                                                          -- applier waits, then fails
     per step, in order:
-      schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py); upsert txrepl_schemas
+      schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py), constraints and
+                indexes (_ddl.py); upsert txrepl_schemas
       rows      COPY stage FROM STDIN (FORMAT csv)
                 DELETE FROM t USING stage ...
                 SAVEPOINT; COPY t FROM STDIN; RELEASE   -- the fresh rows (RowsStep.fresh);
@@ -78,6 +79,7 @@ from subscriber.targets.held import Held
 from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
+from subscriber.targets.postgres._ddl import adopt_children, follow_constraints
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
@@ -390,6 +392,12 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         else:
             shaped = step.target is not None
             follow_schema(cur, target, step.previous, shaped, T(target.table))
+        if step.target is None:  # a shaped table's columns are not the source's
+            follow_constraints(cur, target, step.previous if existing else None)
+            if not existing:
+                adopt_children(
+                    cur, target.table, METADATA_SQL.load_state(cur, subscription).schemas
+                )
         self._types.pop(target.table, None)
         METADATA_SQL.record_schema(cur, subscription, step.schema)
 

@@ -64,6 +64,7 @@ from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
+from subscriber.targets.sqlite._ddl import follow_indexes, foreign_keys
 from subscriber.targets.sqlite._truncate import empty_table
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
@@ -427,10 +428,9 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 decl = declared(c, schema)
                 null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
                 cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
-            pk = ", ".join(quote(k) for k in schema.primary_key)
-            self._conn.execute(
-                f"CREATE TABLE {quote_table(schema.table)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
-            )
+            cols.append(f"PRIMARY KEY ({', '.join(quote(k) for k in schema.primary_key)})")
+            cols.extend(foreign_keys(schema))
+            self._conn.execute(f"CREATE TABLE {quote_table(schema.table)} ({', '.join(cols)})")
         else:
             have = {n.lower() for n in existing}
             for c in schema.columns:
@@ -443,6 +443,10 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                     )
             if previous is not None and schema is source:
                 self._drop_columns(schema, previous, have)
+        if schema is source:  # a shaped table's columns are not the source's
+            follow_indexes(
+                self._conn, schema, previous if existing else None, quote_table(schema.table)
+            )
         METADATA_SQL.record_schema(self._conn, subscription, source)
 
     def _drop_columns(
