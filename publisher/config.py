@@ -100,11 +100,28 @@ class PublicationConfig:
     batch_bytes: int = 4 * 1024 * 1024
     retain_max_bytes: int = 0  # 0: no size limit (keep what valid subscribers need)
     retain_max_age_s: float = 0.0  # 0: no age limit
+    # Publication-side shaping (publisher/shaping.py): per table, a row filter (an
+    # SQLite expression over the source columns) and the published columns (the key
+    # among them).  Rows and columns left out never reach the log or the wire.
+    filter: dict[str, str] = dataclasses.field(default_factory=dict)
+    columns: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
         for t in self.tables:
             parse_table(t)  # ValueError saying how to write it
+        published = {str(parse_table(t)) for t in self.tables}
+        for key in ("filter", "columns"):
+            for t, v in getattr(self, key).items():
+                if str(parse_table(t)) not in published:
+                    raise ValueError(
+                        f"{key}: table {t!r} is not in this publication's tables {self.tables}"
+                    )
+                if not v or (key == "filter" and not v.strip()):
+                    raise ValueError(
+                        f"{key}.{t}: empty; remove it to publish every "
+                        + ("row" if key == "filter" else "column")
+                    )
         for field in ("max_delta", "queue_threshold", "batch_entries", "batch_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")

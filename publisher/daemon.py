@@ -60,6 +60,7 @@ from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
 from publisher.registry import Registry
+from publisher.reshape import check_shapes, start_reshapes
 from publisher.retention import retention_loop
 from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
@@ -240,6 +241,7 @@ class Publisher:
 
     def open(self) -> None:
         cfg = self.config
+        check_shapes(cfg)  # filters and column lists against the source: before any write
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for pc in cfg.publication:
             plog = open_log(
@@ -338,6 +340,8 @@ class Publisher:
             self.capture_thread.start()
             if self.snapshots is not None:
                 self.snapshots.running = True
+            # a changed filter or column list, carried out once capture runs (reshape.py)
+            start_reshapes(self.source, list(self.publications.values()), self.data_dir)
 
     def open_metrics(self) -> Any:
         registry = metrics.new_registry()

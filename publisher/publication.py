@@ -16,12 +16,15 @@ none of it and capture carries it again from its resume point.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.config import PublicationConfig
 from publisher.log import Log
+from publisher.shaping import Shaper, shapings
 
 __all__ = ["Publication"]
 
@@ -31,6 +34,7 @@ class Publication:
         self.config = config
         self.name = config.name
         self.log = log
+        self.shaper = Shaper(shapings(config.filter, config.columns))
         self._lock = threading.Condition()
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
@@ -80,6 +84,7 @@ class Publication:
                 entry.source_position = str(self.position)
             if not entry.commit_time_us:
                 entry.commit_time_us = int(time.time() * 1_000_000)
+            self.shaper.entry(entry)  # filters and column lists: before the log
             seq = self.log.append([entry.SerializeToString()], wait=wait)
             if position is not None:
                 self.position = position
@@ -88,6 +93,16 @@ class Publication:
             if self._open is None:
                 self._lock.notify_all()
             return seq
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[int]:
+        """Hold every other append (no group is open meanwhile); yields the head.
+
+        Appends of the holder's own thread go through (the lock is re-entrant).
+        """
+        with self._lock:
+            self._lock.wait_for(lambda: self._open is None)
+            yield self.log.head
 
     def abort_group(self) -> None:
         """Close a group left open with an ``aborted`` entry (no ops); no-op if none is open.
