@@ -64,7 +64,7 @@ def _source_columns(cfg: PublisherConfig, table: str) -> tuple[list[str], list[s
     if url.is_sqlite:
         if not url.sqlite_path.is_file():
             return None
-        conn = sqlite3.connect(f"file:{url.sqlite_path}?mode=ro", uri=True)
+        conn = sqlite3.connect(url.sqlite_path.resolve().as_uri() + "?mode=ro", uri=True)
         try:
             rows = conn.execute(f"PRAGMA table_xinfo({quote_ident(ref.flat)})").fetchall()
         finally:
