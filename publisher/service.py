@@ -18,7 +18,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import Rule
 from publisher.capture.health import CaptureHealth
-from publisher.errors import SourceError
+from publisher.errors import ShapeRefused, SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
 from publisher.registry import Registry, SubscriberRow
@@ -110,7 +110,10 @@ class ReplicationService(rpc.ReplicationServicer):
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ops[{i}]: {problem}")
         entry = pb.Entry(ops=request.ops)
-        seq = await asyncio.to_thread(pub.append, entry)
+        try:
+            seq = await asyncio.to_thread(pub.append, entry)
+        except ShapeRefused as e:  # a shaped table's row without its schema: not written
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         log.info("entry published", publication=pub.name, seq=seq, ops=len(request.ops))
         return pb.PublishResponse(seq=seq)
 
