@@ -84,9 +84,9 @@ def _snapshot(pair: Pair) -> list[pb.SnapshotChunk]:
 def test_filter_and_columns_are_enforced_on_the_wire(tmp_path: Path) -> None:
     """Rows outside ``region = 'eu'`` and the column ``secret`` are in no entry a raw
     Sync client receives and in no chunk a raw Snapshot client receives, whether
-    installed, inserted or updated live, or sent through Publish; an update that takes a row out of the filter
-    (or leaves it outside) reaches the client as the delete of its key; both clients
-    end with exactly the source's eu rows, projected."""
+    installed, inserted or updated live, or sent through Publish; an update that takes
+    a row out of the filter (or leaves it outside) reaches the client as the delete of
+    its key; both clients end with exactly the source's eu rows, projected."""
     pair = Pair(
         tmp_path, tables=["orders"], publication_extra={"filter": FILTER, "columns": COLUMNS}
     )
