@@ -60,6 +60,7 @@ __all__ = [
     "PublicationConfig",
     "PublishGrant",
     "PublisherConfig",
+    "QuerySnapshotConfig",
     "SubscriberGrant",
     "load_config",
 ]
@@ -88,6 +89,27 @@ class LogSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuerySnapshotConfig:
+    """``[[publication.snapshot]]``: a query snapshot (publisher/querysnap.py)."""
+
+    table: str  # the target table the result replaces
+    query: str  # a SELECT over the source, in the source's SQL
+    key: list[str] = dataclasses.field(default_factory=list)  # the result's key columns
+    every_s: float = 0.0  # refresh period; 0: at start only
+
+    def __post_init__(self) -> None:
+        parse_table(self.table)
+        if not self.query.strip():
+            raise ValueError(f"snapshot {self.table!r}: query is empty")
+        if not self.key:
+            raise ValueError(
+                f"snapshot {self.table!r}: key is empty: name the result's key columns"
+            )
+        if self.every_s < 0:
+            raise ValueError(f"snapshot {self.table!r}: every_s must not be negative")
+
+
+@dataclasses.dataclass(frozen=True)
 class PublicationConfig:
     name: str
     tables: list[str] = dataclasses.field(default_factory=list)
@@ -105,6 +127,8 @@ class PublicationConfig:
     # among them).  Rows and columns left out never reach the log or the wire.
     filter: dict[str, str] = dataclasses.field(default_factory=dict)
     columns: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # Query snapshots (publisher/querysnap.py): tables replaced by a query's result.
+    snapshot: list[QuerySnapshotConfig] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
@@ -122,6 +146,13 @@ class PublicationConfig:
                         f"{key}.{t}: empty; remove it to publish every "
                         + ("row" if key == "filter" else "column")
                     )
+        snaps = [str(parse_table(q.table)) for q in self.snapshot]
+        clash = sorted({t for t in snaps if t in published or snaps.count(t) > 1})
+        if clash:
+            raise ValueError(
+                f"snapshot tables {clash} are also captured tables or repeated: one table, "
+                "one source of rows"
+            )
         for field in ("max_delta", "queue_threshold", "batch_entries", "batch_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")

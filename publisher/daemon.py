@@ -59,6 +59,7 @@ from publisher.errors import FeedRefused, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
+from publisher.querysnap import check_queries, query_snapshot_loop
 from publisher.registry import Registry
 from publisher.reshape import check_shapes, start_reshapes
 from publisher.retention import retention_loop
@@ -242,6 +243,7 @@ class Publisher:
     def open(self) -> None:
         cfg = self.config
         check_shapes(cfg)  # filters and column lists against the source: before any write
+        check_queries(cfg)  # query snapshots prepared on the source (querysnap.py)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for pc in cfg.publication:
             plog = open_log(
@@ -373,6 +375,7 @@ class Publisher:
                 self._live_feeds,
             ),
             health_loop(self.endpoint, self._health, self.health),
+            query_snapshot_loop(self.config, self.publications),
         ]
 
     def _health(self) -> Reading:

@@ -313,3 +313,21 @@ class Pair:
         for d in (self.sub, self.pub):
             if d is not None:
                 d.stop()
+
+
+def publisher_start_fails(pair: Pair) -> str:
+    """Run ``txrepl publisher run`` on ``pair``'s config, expecting a refusal: it exits
+    non-zero having written no data directory; returns its one stderr line."""
+    cfg = pair.write_publisher_config()
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "publisher", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert not (pair.workdir / "publisher").exists()  # nothing written
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.values import decode
 from tests.support.feedclient import RawSubscriber
-from tests.support.harness import ROOT, Pair, wait_until
+from tests.support.harness import Pair, publisher_start_fails, wait_until
 
 FILTER = {"orders": "region = 'eu'"}
 COLUMNS = {"orders": ["id", "region", "note"]}
@@ -169,22 +167,6 @@ def test_changed_filter_deletes_rows_that_left_it_and_adds_rows_that_entered(
         conn.close()
 
 
-def _start_fails(pair: Pair) -> str:
-    cfg = pair.write_publisher_config()
-    proc = subprocess.run(
-        [sys.executable, "-m", "common.cli", "publisher", "run", "--config", str(cfg)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode != 0
-    assert not (pair.workdir / "publisher").exists()  # nothing written
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    return lines[0]
-
-
 def test_bad_shaping_stops_the_publisher_in_one_line_writing_nothing(tmp_path: Path) -> None:
     """A filter naming a column the table lacks, a filter that does not parse, a column
     list naming an unknown column or leaving out the key: each is one line naming the
@@ -192,15 +174,15 @@ def test_bad_shaping_stops_the_publisher_in_one_line_writing_nothing(tmp_path: P
     pair = Pair(tmp_path, tables=["orders"])
     _source(pair).close()
     pair.publication_extra = {"filter": {"orders": "regoin = 'eu'"}}
-    line = _start_fails(pair)
+    line = publisher_start_fails(pair)
     assert "orders" in line, line
     assert "regoin" in line, line
     pair.publication_extra = {"filter": {"orders": "region = = 'eu'"}}
-    assert "syntax" in _start_fails(pair)
+    assert "syntax" in publisher_start_fails(pair)
     pair.publication_extra = {"columns": {"orders": ["id", "nope"]}}
-    assert "nope" in _start_fails(pair)
+    assert "nope" in publisher_start_fails(pair)
     pair.publication_extra = {"columns": {"orders": ["region", "note"]}}
-    assert "primary key" in _start_fails(pair)
+    assert "primary key" in publisher_start_fails(pair)
 
 
 @pytest.mark.postgres
@@ -244,4 +226,4 @@ def test_postgres_source_filter_and_columns_on_the_wire(tmp_path: Path, pg_serve
     bad = Pair(tmp_path / "bad", tables=["orders"], source_url=dsn)
     bad.workdir.mkdir()
     bad.publication_extra = {"filter": {"orders": "regoin = 'eu'"}}
-    assert "regoin" in _start_fails(bad)
+    assert "regoin" in publisher_start_fails(bad)
