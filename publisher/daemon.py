@@ -59,7 +59,7 @@ from publisher.errors import FeedRefused, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.publication import Publication
-from publisher.querysnap import check_queries, query_snapshot_loop
+from publisher.querysnap import QuerySnapshots, check_queries
 from publisher.registry import Registry
 from publisher.reshape import check_shapes, start_reshapes
 from publisher.retention import retention_loop
@@ -239,6 +239,7 @@ class Publisher:
         self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.health = HealthBoard()
+        self.query_snapshots = QuerySnapshots(config, self.publications)
 
     def open(self) -> None:
         cfg = self.config
@@ -312,6 +313,7 @@ class Publisher:
             self.registry,
             live=self._live_feeds,
             capture=self.source.health if self.source is not None else None,
+            query_snapshots=self.query_snapshots,
         )
         self.endpoint = GrpcEndpoint(
             cfg.listen,
@@ -375,7 +377,7 @@ class Publisher:
                 self._live_feeds,
             ),
             health_loop(self.endpoint, self._health, self.health),
-            query_snapshot_loop(self.config, self.publications),
+            self.query_snapshots.loop(),
         ]
 
     def _health(self) -> Reading:

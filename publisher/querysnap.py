@@ -34,12 +34,13 @@ import datetime as dt
 import decimal
 import itertools
 import sqlite3
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import structlog
 
-from common.names import parse_table
+from common.names import parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
 from common.values import encode
 from publisher.capture.groups import GroupWriter
@@ -47,7 +48,7 @@ from publisher.config import PublisherConfig, QuerySnapshotConfig
 from publisher.errors import ShapeRefused
 from publisher.publication import Publication
 
-__all__ = ["check_queries", "query_snapshot_loop", "refresh"]
+__all__ = ["QuerySnapshots", "check_queries", "refresh"]
 
 log = structlog.get_logger(__name__)
 
@@ -193,23 +194,77 @@ def refresh(cfg: PublisherConfig, pub: Publication, q: QuerySnapshotConfig) -> i
     return rows
 
 
-async def query_snapshot_loop(cfg: PublisherConfig, pubs: Mapping[str, Publication]) -> None:
-    """Refresh every query snapshot at start and then every ``every_s`` (0: at start only)."""
-    due: dict[tuple[str, str], float] = {}
-    loop = asyncio.get_running_loop()
-    jobs = [(pc.name, q) for pc in cfg.publication for q in pc.snapshot]
-    if not jobs:
-        return
-    while True:
-        now = loop.time()
-        for name, q in jobs:
-            at = due.get((name, q.table), now)
-            if at > now:
-                continue
-            try:
-                rows = await asyncio.to_thread(refresh, cfg, pubs[name], q)
-                log.info("query snapshot refreshed", publication=name, table=q.table, rows=rows)
-            except Exception as e:  # logged, retried at the next period
-                log.error("query snapshot failed", publication=name, table=q.table, error=str(e))
-            due[(name, q.table)] = now + q.every_s if q.every_s > 0 else float("inf")
-        await asyncio.sleep(0.2)
+class QuerySnapshots:
+    """The daemon's query snapshots: refreshed by period (:meth:`loop`) or on demand
+    (:meth:`refresh_now`, ``txrepl admin refresh-snapshot``), dropped (:meth:`drop`,
+    ``txrepl admin drop-snapshot [--with-delete]``).  One refresh of a table at a time."""
+
+    def __init__(self, cfg: PublisherConfig, pubs: Mapping[str, Publication]) -> None:
+        self.cfg = cfg
+        self.pubs = pubs
+        self.jobs = {
+            (pc.name, str(parse_table(q.table))): q for pc in cfg.publication for q in pc.snapshot
+        }
+        self.dropped: set[tuple[str, str]] = set()
+        self._locks = {k: threading.Lock() for k in self.jobs}
+
+    def find(self, publication: str, table: str) -> QuerySnapshotConfig:
+        """The snapshot, or LookupError saying which exist."""
+        try:
+            key = (publication, str(parse_table(table)))
+        except ValueError as e:
+            raise LookupError(str(e)) from None
+        if key not in self.jobs or key in self.dropped:
+            known = sorted(f"{p}.{t}" for p, t in self.jobs if (p, t) not in self.dropped)
+            raise LookupError(
+                f"no query snapshot {table!r} in publication {publication!r} (known: {known})"
+            )
+        return self.jobs[key]
+
+    def refresh_now(self, publication: str, table: str) -> int:
+        q = self.find(publication, table)
+        with self._locks[(publication, str(parse_table(q.table)))]:
+            rows = refresh(self.cfg, self.pubs[publication], q)
+        log.info("query snapshot refreshed", publication=publication, table=q.table, rows=rows)
+        return rows
+
+    def drop(self, publication: str, table: str, *, with_delete: bool) -> None:
+        """No more refreshes; ``with_delete``: the table is dropped on every subscriber."""
+        q = self.find(publication, table)
+        key = (publication, str(parse_table(q.table)))
+        with self._locks[key]:
+            self.dropped.add(key)
+            if with_delete:
+                # executed as it is by every target (an SqlStatement op, docs/apply.md)
+                ref = parse_table(q.table)
+                parts = [ref.name] if ref.schema is None else [ref.schema, ref.name]
+                sql = "DROP TABLE IF EXISTS " + ".".join(quote_ident(x) for x in parts)
+                self.pubs[publication].append(pb.Entry(ops=[pb.Op(sql=pb.SqlStatement(sql=sql))]))
+        log.info(
+            "query snapshot dropped",
+            publication=publication,
+            table=q.table,
+            with_delete=with_delete,
+        )
+
+    async def loop(self) -> None:
+        """Refresh every snapshot at start and then every ``every_s`` (0: at start only)."""
+        if not self.jobs:
+            return
+        clock = asyncio.get_running_loop()
+        due: dict[tuple[str, str], float] = {}
+        while True:
+            now = clock.time()
+            for key, q in self.jobs.items():
+                if key in self.dropped or due.get(key, now) > now:
+                    continue
+                try:
+                    await asyncio.to_thread(self.refresh_now, *key)
+                except LookupError:
+                    continue  # dropped meanwhile
+                except Exception as e:  # logged, retried at the next period
+                    log.error(
+                        "query snapshot failed", publication=key[0], table=q.table, error=str(e)
+                    )
+                due[key] = now + q.every_s if q.every_s > 0 else float("inf")
+            await asyncio.sleep(0.2)
