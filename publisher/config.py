@@ -129,6 +129,10 @@ class PublicationConfig:
     columns: dict[str, list[str]] = dataclasses.field(default_factory=dict)
     # Query snapshots (publisher/querysnap.py): tables replaced by a query's result.
     snapshot: list[QuerySnapshotConfig] = dataclasses.field(default_factory=list)
+    # xDB's snapshot-only publication: ``tables`` are not captured; each refresh (at
+    # start, every refresh_every_s if > 0, and on demand) carries their whole contents.
+    snapshot_only: bool = False
+    refresh_every_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
@@ -146,6 +150,10 @@ class PublicationConfig:
                         f"{key}.{t}: empty; remove it to publish every "
                         + ("row" if key == "filter" else "column")
                     )
+        if self.refresh_every_s < 0:
+            raise ValueError("refresh_every_s must not be negative")
+        if self.refresh_every_s and not self.snapshot_only:
+            raise ValueError("refresh_every_s is for snapshot_only publications: set both")
         snaps = [str(parse_table(q.table)) for q in self.snapshot]
         clash = sorted({t for t in snaps if t in published or snaps.count(t) > 1})
         if clash:

@@ -61,7 +61,7 @@ from publisher.log import open_log
 from publisher.publication import Publication
 from publisher.querysnap import QuerySnapshots, check_queries
 from publisher.registry import Registry
-from publisher.reshape import check_shapes, start_reshapes
+from publisher.reshape import check_shapes, snapshot_only_keys, start_reshapes
 from publisher.retention import retention_loop
 from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
@@ -239,12 +239,13 @@ class Publisher:
         self.snapshots: SnapshotSource | None = None
         self.metrics_server: metrics.MetricsServer | None = None
         self.health = HealthBoard()
-        self.query_snapshots = QuerySnapshots(config, self.publications)
+        self.query_snapshots: QuerySnapshots | None = None
 
     def open(self) -> None:
         cfg = self.config
         check_shapes(cfg)  # filters and column lists against the source: before any write
         check_queries(cfg)  # query snapshots prepared on the source (querysnap.py)
+        self.query_snapshots = QuerySnapshots(cfg, self.publications, snapshot_only_keys(cfg))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for pc in cfg.publication:
             plog = open_log(
@@ -265,7 +266,8 @@ class Publisher:
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
         for pub in self.publications.values():
-            self._install(pub)
+            if not pub.config.snapshot_only:  # snapshot-only: no capture (querysnap.py)
+                self._install(pub)
 
     def _install(self, pub: Publication) -> None:
         """Install ``pub``'s tables; a table the source refuses (TableRefused: no primary
@@ -340,7 +342,8 @@ class Publisher:
 
     def start_work(self) -> None:
         if self.source is not None:
-            self.capture_thread = CaptureThread(self.source, list(self.publications.values()))
+            captured = [p for p in self.publications.values() if not p.config.snapshot_only]
+            self.capture_thread = CaptureThread(self.source, captured)
             self.capture_thread.start()
             if self.snapshots is not None:
                 self.snapshots.running = True
@@ -377,7 +380,7 @@ class Publisher:
                 self._live_feeds,
             ),
             health_loop(self.endpoint, self._health, self.health),
-            self.query_snapshots.loop(),
+            *([self.query_snapshots.loop()] if self.query_snapshots is not None else []),
         ]
 
     def _health(self) -> Reading:

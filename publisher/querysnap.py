@@ -30,6 +30,7 @@ retried at the next period; the target keeps the previous result.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import decimal
 import itertools
@@ -199,12 +200,31 @@ class QuerySnapshots:
     (:meth:`refresh_now`, ``txrepl admin refresh-snapshot``), dropped (:meth:`drop`,
     ``txrepl admin drop-snapshot [--with-delete]``).  One refresh of a table at a time."""
 
-    def __init__(self, cfg: PublisherConfig, pubs: Mapping[str, Publication]) -> None:
+    def __init__(
+        self,
+        cfg: PublisherConfig,
+        pubs: Mapping[str, Publication],
+        keys: Mapping[str, Sequence[str]] = {},
+    ) -> None:
+        """``keys``: the primary key of each table of a snapshot-only publication."""
         self.cfg = cfg
         self.pubs = pubs
         self.jobs = {
             (pc.name, str(parse_table(q.table))): q for pc in cfg.publication for q in pc.snapshot
         }
+        for pc in cfg.publication:
+            if pc.snapshot_only:
+                for t in pc.tables:
+                    ref = parse_table(t)
+                    parts = [ref.name] if ref.schema is None else [ref.schema, ref.name]
+                    if cfg.source_url.is_sqlite:
+                        parts = [ref.flat]
+                    query = "SELECT * FROM " + ".".join(quote_ident(x) for x in parts)
+                    name = str(ref)
+                    job = QuerySnapshotConfig(name, query, list(keys.get(name, ())) or ["?"])
+                    self.jobs[(pc.name, name)] = dataclasses.replace(
+                        job, every_s=pc.refresh_every_s
+                    )
         self.dropped: set[tuple[str, str]] = set()
         self._locks = {k: threading.Lock() for k in self.jobs}
 

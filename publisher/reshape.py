@@ -50,14 +50,14 @@ from publisher.errors import ShapeRefused
 from publisher.publication import Publication
 from publisher.shaping import TableShaping, shapings
 
-__all__ = ["check_shapes", "reshape_pending", "start_reshapes"]
+__all__ = ["check_shapes", "reshape_pending", "source_columns", "start_reshapes"]
 
 log = structlog.get_logger(__name__)
 
 _OPS_PER_ENTRY = 1000
 
 
-def _source_columns(cfg: PublisherConfig, table: str) -> tuple[list[str], list[str]] | None:
+def source_columns(cfg: PublisherConfig, table: str) -> tuple[list[str], list[str]] | None:
     """(columns, key) of a source table; None if the table is missing (install says so)."""
     ref = parse_table(table)
     url = cfg.source_url
@@ -103,13 +103,29 @@ def check_shapes(cfg: PublisherConfig) -> None:
     """Refuse a filter or column list the source's tables cannot take (module docstring)."""
     for pc in cfg.publication:
         for table, shaping in shapings(pc.filter, pc.columns).items():
-            found = _source_columns(cfg, table)
+            found = source_columns(cfg, table)
             if found is None:
                 continue
             try:
                 shaping.check(*found)
             except ShapeRefused as e:
                 raise ShapeRefused(f"publication {pc.name!r}: {e}") from None
+
+
+def snapshot_only_keys(cfg: PublisherConfig) -> dict[str, list[str]]:
+    """The primary key of every table of a snapshot-only publication (querysnap.py);
+    a missing table or one without a key is refused in one line (SourceError)."""
+    keys: dict[str, list[str]] = {}
+    for pc in cfg.publication:
+        if not pc.snapshot_only:
+            continue
+        for t in pc.tables:
+            found = source_columns(cfg, t)
+            if found is None or not found[1]:
+                what = "is not in the source" if found is None else "has no primary key"
+                raise ShapeRefused(f"publication {pc.name!r} (snapshot_only): table {t!r} {what}")
+            keys[str(parse_table(t))] = found[1]
+    return keys
 
 
 # -- the record of the shaping in force ---------------------------------------------

@@ -64,6 +64,12 @@ class ReplicationService(rpc.ReplicationServicer):
         context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
     ) -> AsyncIterator[pb.SnapshotChunk]:
         pub = await _publication(self.publications, request.publication, context)
+        if pub.config.snapshot_only:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"publication {pub.name!r} is snapshot-only: each refresh reaches its "
+                "subscribers through Sync (txrepl admin refresh-snapshot); no reinit needed",
+            )
         if self.snapshots is None or not self.snapshots.ready:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,

@@ -6,14 +6,12 @@ no longer refreshed once dropped, and gone from the target when dropped with del
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support.harness import ROOT, Pair, wait_until
+from tests.support.harness import Pair, admin_cli, wait_until
 
 pytestmark = pytest.mark.spark
 
@@ -30,14 +28,6 @@ def _target(path: Path, sql: str) -> list[tuple[object, ...]] | None:
         return None
     finally:
         conn.close()
-
-
-def _admin(pair: Pair, *args: str) -> subprocess.CompletedProcess[str]:
-    assert pair.pub is not None
-    argv = [sys.executable, "-m", "common.cli", "admin", "--publisher", pair.pub.address]
-    return subprocess.run(
-        [*argv, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
-    )
 
 
 def test_query_snapshots_refreshed_on_schedule_on_demand_and_dropped(tmp_path: Path) -> None:
@@ -73,23 +63,23 @@ def test_query_snapshots_refreshed_on_schedule_on_demand_and_dropped(tmp_path: P
             lambda: _target(dst, "SELECT id FROM orders") == [(1,), (2,), (4,), (6,)], 30, "orders"
         )
         assert _target(dst, counts) == [(3,)]  # on demand only: not refreshed yet
-        done = _admin(pair, "refresh-snapshot", "shop", "counts")
+        done = admin_cli(pair, "refresh-snapshot", "shop", "counts")
         assert done.returncode == 0, done.stderr
         assert "1 rows" in done.stdout
         wait_until(lambda: _target(dst, counts) == [(4,)], 30, "counts on demand")
 
-        assert _admin(pair, "drop-snapshot", "shop", "totals").returncode == 0
+        assert admin_cli(pair, "drop-snapshot", "shop", "totals").returncode == 0
         src.execute("INSERT INTO orders VALUES (5, 'eu', 1)")
-        assert _admin(pair, "refresh-snapshot", "shop", "counts").returncode == 0
+        assert admin_cli(pair, "refresh-snapshot", "shop", "counts").returncode == 0
         wait_until(lambda: _target(dst, counts) == [(5,)], 30, "counts after the insert")
         time.sleep(2.5)  # two periods of totals: no refresh comes
         assert _target(dst, totals) == [("apac", 4, 2), ("eu", 25, 2)]
 
-        done = _admin(pair, "drop-snapshot", "shop", "counts", "--with-delete")
+        done = admin_cli(pair, "drop-snapshot", "shop", "counts", "--with-delete")
         assert done.returncode == 0, done.stderr
         wait_until(lambda: _target(dst, counts) is None, 30, "counts dropped on the target")
         assert _target(dst, totals) == [("apac", 4, 2), ("eu", 25, 2)]
-        refused = _admin(pair, "refresh-snapshot", "shop", "counts")
+        refused = admin_cli(pair, "refresh-snapshot", "shop", "counts")
         assert refused.returncode != 0
         assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
         assert "no query snapshot 'counts'" in refused.stderr

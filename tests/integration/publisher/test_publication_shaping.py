@@ -6,7 +6,6 @@ one line, having written nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ from common.client import PublishClient, insert_op
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.values import decode
-from tests.support.feedclient import RawSubscriber
-from tests.support.harness import Pair, publisher_start_fails, wait_until
+from tests.support.harness import Pair, publisher_start_fails, synced, wait_until
 
 FILTER = {"orders": "region = 'eu'"}
 COLUMNS = {"orders": ["id", "region", "note"]}
@@ -38,25 +36,6 @@ def _source(pair: Pair) -> sqlite3.Connection:
 
 def _published(conn: sqlite3.Connection, where: str) -> list[tuple[object, ...]]:
     return sorted(conn.execute(f"SELECT id, region, note FROM orders WHERE {where}").fetchall())
-
-
-def _sync(pair: Pair, before: RawSubscriber | None = None) -> RawSubscriber:
-    """A raw Sync client caught up with the head (resuming ``before``'s target)."""
-    assert pair.pub is not None
-    address = pair.pub.address
-
-    async def run() -> RawSubscriber:
-        sub = RawSubscriber(address, "sub1")
-        if before is not None:
-            sub.level, sub.incarnation, sub.target = before.level, before.incarnation, before.target
-        await sub.start()
-        try:
-            await sub.wait_level(pair.head(), timeout=20)
-        finally:
-            await sub.close()
-        return sub
-
-    return asyncio.run(run())
 
 
 def _commit_each(pair: Pair, execute: Any, statements: tuple[str, ...]) -> None:
@@ -107,7 +86,7 @@ def test_filter_and_columns_are_enforced_on_the_wire(tmp_path: Path) -> None:
         with PublishClient(pair.pub.address) as app:  # the Publish RPC is shaped too
             app.publish("shop", [insert_op("orders", [20, "us", "US-ONLY-20", "SECRET-20"])])
             app.publish("shop", [insert_op("orders", [21, "eu", "EU-21", "SECRET-21"])])
-        sub = _sync(pair)
+        sub = synced(pair)
         assert _hidden(b"".join(sub.received)) == []
         published = [*_published(conn, "region = 'eu'"), (21, "eu", "EU-21")]
         assert sub.target.snapshot()["orders"] == published
@@ -146,7 +125,7 @@ def test_changed_filter_deletes_rows_that_left_it_and_adds_rows_that_entered(
     pair.start_publisher()
     try:
         wait_until(lambda: pair.head() > 0, 20, "the install")
-        sub = _sync(pair)
+        sub = synced(pair)
         assert [r[:3] for r in sub.target.snapshot()["orders"]] == _published(conn, "region = 'eu'")
         pair.pub.stop()  # type: ignore[union-attr]
         new = "(region = 'eu' AND id <= 3) OR id = 4"
@@ -154,7 +133,7 @@ def test_changed_filter_deletes_rows_that_left_it_and_adds_rows_that_entered(
         pair.start_publisher()
         wait_until(lambda: "shaping changed" in (tmp_path / "publisher.log").read_text(), 20,
                    "the filter change")  # fmt: skip
-        sub = _sync(pair, sub)
+        sub = synced(pair, sub)
         assert [r[:3] for r in sub.target.snapshot()["orders"]] == _published(conn, new)
         assert b"US-ONLY-6" not in b"".join(sub.received)
         head = pair.head()
@@ -213,7 +192,7 @@ def test_postgres_source_filter_and_columns_on_the_wire(tmp_path: Path, pg_serve
                 "UPDATE orders SET region = 'us', note = 'US-ONLY-1b' WHERE id = 1",
             ),
         )
-        sub = _sync(pair)
+        sub = synced(pair)
         assert _hidden(b"".join(sub.received)) == []
         assert sub.target.snapshot()["orders"] == [(5, "eu", "EU-5")]
         chunks = _snapshot(pair)

@@ -4,14 +4,13 @@ or a key the result lacks stops the publisher in one line, having written nothin
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
+import time
 from pathlib import Path
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
-from tests.support.feedclient import RawSubscriber
-from tests.support.harness import Pair, publisher_start_fails, wait_until
+from tests.support.harness import Pair, admin_cli, publisher_start_fails, synced, wait_until
 
 QUERY = "SELECT region, sum(amount) AS total FROM orders GROUP BY region"
 
@@ -35,19 +34,7 @@ def test_a_refresh_is_schema_truncate_and_rows(tmp_path: Path) -> None:
     try:
         log = tmp_path / "publisher.log"
         wait_until(lambda: "query snapshot refreshed" in log.read_text(), 20, "the refresh")
-        assert pair.pub is not None
-        address = pair.pub.address
-
-        async def run() -> RawSubscriber:
-            sub = RawSubscriber(address, "sub1")
-            await sub.start()
-            try:
-                await sub.wait_level(pair.head(), timeout=20)
-            finally:
-                await sub.close()
-            return sub
-
-        sub = asyncio.run(run())
+        sub = synced(pair)
         ops = [op for e in sub.received for op in pb.Entry.FromString(e).ops]
         mine = [op for op in ops if (op.schema.table or op.row.table) == "totals"]
         assert mine[0].schema.primary_key == ["region"]
@@ -68,3 +55,34 @@ def test_a_bad_query_or_key_stops_the_publisher_in_one_line(tmp_path: Path) -> N
     assert "nowhere" in line, line
     line = publisher_start_fails(_pair(tmp_path / "b", key=["id"]))
     assert "['id']" in line, line
+
+
+def test_snapshot_only_publication_is_not_captured_and_refreshes_whole(tmp_path: Path) -> None:
+    """A snapshot_only publication installs no capture on the source; a raw Sync
+    client gets the table's contents at start, nothing for later source changes, and
+    the new contents (a deleted row gone) after ``txrepl admin refresh-snapshot``."""
+    tmp_path.mkdir(exist_ok=True)
+    pair = Pair(tmp_path, tables=["orders"], publication_extra={"snapshot_only": True})
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None)
+    src.execute("CREATE TABLE orders(id INTEGER PRIMARY KEY, region TEXT, amount INTEGER)")
+    src.executemany("INSERT INTO orders VALUES (?, ?, ?)", [(1, "eu", 10), (2, "us", 7)])
+    pair.start_publisher()
+    try:
+        log = tmp_path / "publisher.log"
+        wait_until(lambda: "query snapshot refreshed" in log.read_text(), 20, "the refresh")
+        triggers = src.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+        assert triggers.fetchall() == []
+        sub = synced(pair)
+        assert sub.target.snapshot()["orders"] == [(1, "eu", 10), (2, "us", 7)]
+        head = pair.head()
+        src.execute("DELETE FROM orders WHERE id = 2")
+        src.execute("INSERT INTO orders VALUES (3, 'apac', 1)")
+        time.sleep(0.5)
+        assert pair.head() == head  # no capture
+        done = admin_cli(pair, "refresh-snapshot", "shop", "orders")
+        assert done.returncode == 0, done.stderr
+        sub = synced(pair, sub)
+        assert sub.target.snapshot()["orders"] == [(1, "eu", 10), (3, "apac", 1)]
+    finally:
+        pair.stop()
+        src.close()
