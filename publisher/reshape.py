@@ -319,6 +319,9 @@ def start_reshapes(
         changes = reshape_pending(data_dir, pub)
         if not changes:
             continue
+        if pub.config.snapshot_only:  # each refresh truncates: the new shaping is whole
+            _write_record(data_dir, pub)
+            continue
         t = threading.Thread(
             target=_run,
             args=(source, pub, data_dir, changes),

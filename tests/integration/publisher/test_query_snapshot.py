@@ -4,9 +4,15 @@ or a key the result lacks stops the publisher in one line, having written nothin
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
@@ -86,3 +92,32 @@ def test_snapshot_only_publication_is_not_captured_and_refreshes_whole(tmp_path:
     finally:
         pair.stop()
         src.close()
+
+
+@pytest.mark.postgres
+def test_postgres_query_snapshot_keeps_the_result_types(tmp_path: Path, pg_server: Any) -> None:
+    """On a PostgreSQL source the result's column types come from the server: a
+    numeric sum arrives as an exact decimal, a count as an integer, a date as a date."""
+    dsn = pg_server.create_database()
+    with psycopg.connect(dsn, autocommit=True) as src:
+        src.execute(
+            "CREATE TABLE orders(id int PRIMARY KEY, region text, amount numeric(8,2), d date);"
+            "INSERT INTO orders VALUES (1, 'eu', 1.10, '2026-01-02'), (2, 'eu', 2.25, "
+            "'2026-01-03')"
+        )
+    query = (
+        "SELECT region, sum(amount) AS total, count(*) AS n, max(d) AS last FROM orders "
+        "GROUP BY region"
+    )
+    snap = {"table": "totals", "query": query, "key": ["region"]}
+    pair = Pair(tmp_path, tables=["orders"], source_url=dsn, publication_extra={"snapshot": [snap]})
+    pair.start_publisher()
+    try:
+        log = tmp_path / "publisher.log"
+        wait_until(lambda: "query snapshot refreshed" in log.read_text(), 30, "the refresh")
+        sub = synced(pair)
+        assert sub.target.snapshot()["totals"] == [
+            ("eu", decimal.Decimal("3.35"), 2, dt.date(2026, 1, 3))
+        ]
+    finally:
+        pair.stop()
