@@ -175,23 +175,42 @@ def refresh(cfg: PublisherConfig, pub: Publication, q: QuerySnapshotConfig) -> i
             schema.columns.add(name=name, type=t, nullable=name not in q.key)
         with pub.exclusive():
             group = GroupWriter(pub)
-            entry = pb.Entry(ops=[pb.Op(schema=schema)])
-            entry.ops.add().row.CopyFrom(pb.RowChange(table=table, op=pb.ROW_OP_TRUNCATE))
-            size = entry.ByteSize()
-            for chunk in chunks:
-                for r in chunk:
-                    rc = pb.RowChange(table=table, op=pb.ROW_OP_INSERT)
-                    rc.row.extend(encode(v, t) for v, t in zip(r, types, strict=True))
-                    op = pb.Op(row=rc)
-                    n = op.ByteSize() + 6
-                    if size + n > cfg.max_entry_bytes and entry.ops:
-                        group.add(entry, pub.position)
-                        entry, size = pb.Entry(), 0
-                    entry.ops.append(op)
-                    size += n
-                    rows += 1
-            group.add(entry, pub.position)
-            group.finish(pub.position)
+            try:
+                rows += _append_result(group, pub, schema, types, chunks, cfg.max_entry_bytes)
+            except BaseException:
+                group.abort()  # close what was appended as abandoned (P3): nobody applies it
+                raise
+    return rows
+
+
+def _append_result(
+    group: GroupWriter,
+    pub: Publication,
+    schema: pb.TableSchema,
+    types: Sequence[int],
+    chunks: Iterator[list[Any]],
+    max_bytes: int,
+) -> int:
+    """Schema, TRUNCATE and the rows as fragments of at most ``max_bytes``; the rows sent."""
+    table = schema.table
+    rows = 0
+    entry = pb.Entry(ops=[pb.Op(schema=schema)])
+    entry.ops.add().row.CopyFrom(pb.RowChange(table=table, op=pb.ROW_OP_TRUNCATE))
+    size = entry.ByteSize()
+    for chunk in chunks:
+        for r in chunk:
+            rc = pb.RowChange(table=table, op=pb.ROW_OP_INSERT)
+            rc.row.extend(encode(v, t) for v, t in zip(r, types, strict=True))
+            op = pb.Op(row=rc)
+            n = op.ByteSize() + 6
+            if size + n > max_bytes and entry.ops:
+                group.add(entry, pub.position)
+                entry, size = pb.Entry(), 0
+            entry.ops.append(op)
+            size += n
+            rows += 1
+    group.add(entry, pub.position)
+    group.finish(pub.position)
     return rows
 
 

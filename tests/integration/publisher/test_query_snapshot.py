@@ -121,3 +121,35 @@ def test_postgres_query_snapshot_keeps_the_result_types(tmp_path: Path, pg_serve
         ]
     finally:
         pair.stop()
+
+
+def test_a_refresh_failing_midway_is_abandoned_and_capture_goes_on(tmp_path: Path) -> None:
+    """A refresh whose query fails after some fragments were appended (SQLite raises
+    at row 1400, past the first fragments) closes its group as aborted: the subscribers
+    apply none of it, the failure is logged, and captured changes keep flowing without
+    capture ever failing on a group left open."""
+    tmp_path.mkdir(exist_ok=True)
+    query = (
+        "SELECT id, CASE WHEN id = 1400 THEN abs(-9223372036854775808) ELSE id END AS v FROM orders"
+    )
+    snap = {"table": "bad", "query": query, "key": ["id"]}
+    pair = Pair(tmp_path, tables=["orders"], publication_extra={"snapshot": [snap]})
+    pair.publisher_extra = {"max_entry_bytes": 1024}
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None)
+    src.execute("CREATE TABLE orders(id INTEGER PRIMARY KEY, region TEXT, amount INTEGER)")
+    src.executemany("INSERT INTO orders VALUES (?, 'eu', 1)", [(i,) for i in range(1, 1501)])
+    pair.start_publisher()
+    try:
+        log = tmp_path / "publisher.log"
+        wait_until(lambda: "query snapshot failed" in log.read_text(), 30, "the failure")
+        head = pair.head()
+        src.execute("INSERT INTO orders VALUES (2000, 'us', 2)")
+        wait_until(lambda: pair.head() > head, 20, "capture after the failed refresh")
+        sub = synced(pair)
+        marks = [pb.Entry.FromString(e) for e in sub.received]
+        assert any(m.aborted for m in marks)
+        assert any(m.continued for m in marks)  # fragments of the abandoned group went out
+        assert "capture failed" not in log.read_text()  # capture never met the open group
+    finally:
+        pair.stop()
+        src.close()
