@@ -58,7 +58,25 @@ def register(sub: Any) -> None:
     inv.add_argument("--reason", default="", help="recorded with the invalidation")
     inv.add_argument("--json", action="store_true")
     inv.set_defaults(func=_invalidate)
-    for leaf in (subs, pubs, mv, drop, inv):
+    refresh = asub.add_parser(
+        "refresh-snapshot", help="evaluate a query snapshot now (Virtuoso UPDATE SNAPSHOT)"
+    )
+    refresh.add_argument("publication")
+    refresh.add_argument("table")
+    refresh.add_argument("--json", action="store_true")
+    refresh.set_defaults(func=_refresh_snapshot)
+    dsnap = asub.add_parser(
+        "drop-snapshot",
+        help="stop refreshing a query snapshot (Virtuoso DROP SNAPSHOT [WITH DELETE])",
+    )
+    dsnap.add_argument("publication")
+    dsnap.add_argument("table")
+    dsnap.add_argument(
+        "--with-delete", action="store_true", help="drop the table on every subscriber too"
+    )
+    dsnap.add_argument("--json", action="store_true")
+    dsnap.set_defaults(func=_drop_snapshot)
+    for leaf in (subs, pubs, mv, drop, inv, refresh, dsnap):
         # Also after the action (`txrepl admin subscribers --publisher H:P`); given in
         # neither place, the default above holds.
         leaf.add_argument(
@@ -186,6 +204,36 @@ def _drop(args: argparse.Namespace) -> int:
             f"{s.lag_entries} behind); it no longer holds the log back"
         ),
     )
+
+
+def _refresh_snapshot(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+
+    request = pb.RefreshSnapshotRequest(publication=args.publication, table=args.table)
+    resp = _call(_admin_stub(args).RefreshSnapshot, request, args)
+    if args.json:
+        dump(resp)
+    else:
+        print(f"{args.publication}.{args.table}: refreshed, {resp.rows} rows (head {resp.head})")
+    return 0
+
+
+def _drop_snapshot(args: argparse.Namespace) -> int:
+    from common.rpc import txrepl_pb2 as pb
+
+    request = pb.DropSnapshotRequest(
+        publication=args.publication, table=args.table, with_delete=args.with_delete
+    )
+    resp = _call(_admin_stub(args).DropSnapshot, request, args)
+    if args.json:
+        dump(resp)
+    else:
+        what = "dropped on the subscribers too" if args.with_delete else "kept on the subscribers"
+        print(
+            f"{args.publication}.{args.table}: no longer refreshed, the table {what} "
+            "(remove it from the publisher's config too, or the next start refreshes it again)"
+        )
+    return 0
 
 
 def _invalidate(args: argparse.Namespace) -> int:

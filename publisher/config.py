@@ -63,6 +63,7 @@ __all__ = [
     "PublicationConfig",
     "PublishGrant",
     "PublisherConfig",
+    "QuerySnapshotConfig",
     "SubscriberGrant",
     "load_config",
 ]
@@ -91,6 +92,27 @@ class LogSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class QuerySnapshotConfig:
+    """``[[publication.snapshot]]``: a query snapshot (publisher/querysnap.py)."""
+
+    table: str  # the target table the result replaces
+    query: str  # a SELECT over the source, in the source's SQL
+    key: list[str] = dataclasses.field(default_factory=list)  # the result's key columns
+    every_s: float = 0.0  # refresh period; 0: at start only
+
+    def __post_init__(self) -> None:
+        parse_table(self.table)
+        if not self.query.strip():
+            raise ValueError(f"snapshot {self.table!r}: query is empty")
+        if not self.key:
+            raise ValueError(
+                f"snapshot {self.table!r}: key is empty: name the result's key columns"
+            )
+        if self.every_s < 0:
+            raise ValueError(f"snapshot {self.table!r}: every_s must not be negative")
+
+
+@dataclasses.dataclass(frozen=True)
 class PublicationConfig:
     name: str
     tables: list[str] = dataclasses.field(default_factory=list)
@@ -103,11 +125,45 @@ class PublicationConfig:
     batch_bytes: int = 4 * 1024 * 1024
     retain_max_bytes: int = 0  # 0: no size limit (keep what valid subscribers need)
     retain_max_age_s: float = 0.0  # 0: no age limit
+    # Publication-side shaping (publisher/shaping.py): per table, a row filter (an
+    # SQLite expression over the source columns) and the published columns (the key
+    # among them).  Rows and columns left out never reach the log or the wire.
+    filter: dict[str, str] = dataclasses.field(default_factory=dict)
+    columns: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    # Query snapshots (publisher/querysnap.py): tables replaced by a query's result.
+    snapshot: list[QuerySnapshotConfig] = dataclasses.field(default_factory=list)
+    # xDB's snapshot-only publication: ``tables`` are not captured; each refresh (at
+    # start, every refresh_every_s if > 0, and on demand) carries their whole contents.
+    snapshot_only: bool = False
+    refresh_every_s: float = 0.0
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
         for t in self.tables:
             parse_table(t)  # ValueError saying how to write it
+        published = {str(parse_table(t)) for t in self.tables}
+        for key in ("filter", "columns"):
+            for t, v in getattr(self, key).items():
+                if str(parse_table(t)) not in published:
+                    raise ValueError(
+                        f"{key}: table {t!r} is not in this publication's tables {self.tables}"
+                    )
+                if not v or (key == "filter" and not v.strip()):
+                    raise ValueError(
+                        f"{key}.{t}: empty; remove it to publish every "
+                        + ("row" if key == "filter" else "column")
+                    )
+        if self.refresh_every_s < 0:
+            raise ValueError("refresh_every_s must not be negative")
+        if self.refresh_every_s and not self.snapshot_only:
+            raise ValueError("refresh_every_s is for snapshot_only publications: set both")
+        snaps = [str(parse_table(q.table)) for q in self.snapshot]
+        clash = sorted({t for t in snaps if t in published or snaps.count(t) > 1})
+        if clash:
+            raise ValueError(
+                f"snapshot tables {clash} are also captured tables or repeated: one table, "
+                "one source of rows"
+            )
         for field in ("max_delta", "queue_threshold", "batch_entries", "batch_bytes"):
             if getattr(self, field) <= 0:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")

@@ -61,7 +61,9 @@ from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.node import claim_source_node
 from publisher.publication import Publication
+from publisher.querysnap import QuerySnapshots, check_queries
 from publisher.registry import Registry
+from publisher.reshape import check_shapes, snapshot_only_keys, start_reshapes
 from publisher.retention import retention_loop
 from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
@@ -242,9 +244,13 @@ class Publisher:
         self.node = ""  # the source's node name (common/origin.py), known once open
         # Exported from the registry open_metrics makes (common/latency.py).
         self.stages = StageLatency("txrepl_publication_stage_seconds", "publication")
+        self.query_snapshots: QuerySnapshots | None = None
 
     def open(self) -> None:
         cfg = self.config
+        check_shapes(cfg)  # filters and column lists against the source: before any write
+        check_queries(cfg)  # query snapshots prepared on the source (querysnap.py)
+        self.query_snapshots = QuerySnapshots(cfg, self.publications, snapshot_only_keys(cfg))
         self.data_dir.mkdir(parents=True, exist_ok=True)
         # A node that disagrees with the recorded one is refused before anything is made.
         claim_source_node(cfg.source_url, cfg.node, cfg.server_name, record=False)
@@ -271,7 +277,8 @@ class Publisher:
         for pub in self.publications.values():
             pub.node = self.node  # the origin of the source's own changes (common/origin.py)
         for pub in self.publications.values():
-            self._install(pub)
+            if not pub.config.snapshot_only:  # snapshot-only: no capture (querysnap.py)
+                self._install(pub)
 
     def _install(self, pub: Publication) -> None:
         """Install ``pub``'s tables; a table the source refuses (TableRefused: no primary
@@ -319,6 +326,7 @@ class Publisher:
             self.registry,
             live=self._live_feeds,
             capture=self.source.health if self.source is not None else None,
+            query_snapshots=self.query_snapshots,
         )
         self.endpoint = GrpcEndpoint(
             cfg.listen,
@@ -345,10 +353,13 @@ class Publisher:
 
     def start_work(self) -> None:
         if self.source is not None:
-            self.capture_thread = CaptureThread(self.source, list(self.publications.values()))
+            captured = [p for p in self.publications.values() if not p.config.snapshot_only]
+            self.capture_thread = CaptureThread(self.source, captured)
             self.capture_thread.start()
             if self.snapshots is not None:
                 self.snapshots.running = True
+            # a changed filter or column list, carried out once capture runs (reshape.py)
+            start_reshapes(self.source, list(self.publications.values()), self.data_dir)
 
     def open_metrics(self) -> Any:
         registry = metrics.new_registry()
@@ -382,6 +393,7 @@ class Publisher:
                 self._live_feeds,
             ),
             health_loop(self.endpoint, self._health, self.health),
+            *([self.query_snapshots.loop()] if self.query_snapshots is not None else []),
         ]
 
     def _health(self) -> Reading:

@@ -11,9 +11,12 @@
         │   │                         table; the publisher serves the others
         │   ├── ProtocolError         a logical decoding message cannot be parsed
         │   │                         (publisher.capture.postgres)
-        │   └── RowTooLarge           one row change is over max_entry_bytes: carries
-        │                             the publication, table and key; that publication's
-        │                             capture stops, the others go on
+        │   ├── RowTooLarge           one row change is over max_entry_bytes: carries
+        │   │                         the publication, table and key; that publication's
+        │   │                         capture stops, the others go on
+        │   └── ShapeRefused          a publication's filter or column list names what
+        │                             the table lacks, or cannot be evaluated
+        │                             (publisher/shaping.py)
         ├── FeedRefused               a sync request is refused; carries the gRPC code
         │                             the feed ends with (NOT_FOUND, FAILED_PRECONDITION,
         │                             OUT_OF_RANGE, PERMISSION_DENIED, INVALID_ARGUMENT)
@@ -45,6 +48,7 @@ __all__ = [
     "ProtocolError",
     "PublisherError",
     "RowTooLarge",
+    "ShapeRefused",
     "SourceError",
     "TableRefused",
 ]
@@ -105,3 +109,7 @@ class FeedRefused(PublisherError):
         self.code = code
         self.message = message
         self.kind = kind
+
+
+class ShapeRefused(SourceError):
+    """A publication's ``filter`` or ``columns`` cannot be applied to its table."""

@@ -27,13 +27,16 @@ durable is kept for the last ``_DURABLE_KEPT`` seqs, which the feed reads for
 from __future__ import annotations
 
 import collections
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from publisher.config import PublicationConfig
 from publisher.log import Log
+from publisher.shaping import Shaper, shapings
 
 __all__ = ["Publication"]
 
@@ -46,6 +49,7 @@ class Publication:
         self.node = node  # the source's node: the origin of its own changes (common/origin.py)
         self.name = config.name
         self.log = log
+        self.shaper = Shaper(shapings(config.filter, config.columns))
         self._lock = threading.Condition()
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
@@ -144,6 +148,7 @@ class Publication:
                 self.stages.observe(self.name, "capture", began - entry.commit_time_us / 1e6)
             if not entry.origin:  # made here, not applied by txrepl (common/origin.py, R1)
                 entry.origin = self.node
+            self.shaper.entry(entry)  # filters and column lists: before the log
             seq = self.log.append([entry.SerializeToString()], wait=wait)
             if self.stages is not None:
                 with self._stage_lock:
@@ -156,6 +161,16 @@ class Publication:
             if self._open is None:
                 self._lock.notify_all()
             return seq
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[int]:
+        """Hold every other append (no group is open meanwhile); yields the head.
+
+        Appends of the holder's own thread go through (the lock is re-entrant).
+        """
+        with self._lock:
+            self._lock.wait_for(lambda: self._open is None)
+            yield self.log.head
 
     def abort_group(self) -> None:
         """Close a group left open with an ``aborted`` entry (no ops); no-op if none is open.

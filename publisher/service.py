@@ -18,9 +18,10 @@ from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
 from common.security import Rule
 from publisher.capture.health import CaptureHealth
-from publisher.errors import SourceError
+from publisher.errors import ShapeRefused, SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
+from publisher.querysnap import QuerySnapshots
 from publisher.registry import Registry, SubscriberRow
 from publisher.snapshot import SnapshotSource
 
@@ -63,6 +64,12 @@ class ReplicationService(rpc.ReplicationServicer):
         context: grpc.aio.ServicerContext[pb.SnapshotRequest, pb.SnapshotChunk],
     ) -> AsyncIterator[pb.SnapshotChunk]:
         pub = await _publication(self.publications, request.publication, context)
+        if pub.config.snapshot_only:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"publication {pub.name!r} is snapshot-only: each refresh reaches its "
+                "subscribers through Sync (txrepl admin refresh-snapshot); no reinit needed",
+            )
         if self.snapshots is None or not self.snapshots.ready:
             await context.abort(
                 grpc.StatusCode.UNAVAILABLE,
@@ -110,7 +117,10 @@ class ReplicationService(rpc.ReplicationServicer):
             if problem:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"ops[{i}]: {problem}")
         entry = pb.Entry(ops=request.ops)
-        seq = await asyncio.to_thread(pub.append, entry)
+        try:
+            seq = await asyncio.to_thread(pub.append, entry)
+        except ShapeRefused as e:  # a shaped table's row without its schema: not written
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
         log.info("entry published", publication=pub.name, seq=seq, ops=len(request.ops))
         return pb.PublishResponse(seq=seq)
 
@@ -195,8 +205,10 @@ class AdminService(rpc.AdminServicer):
         registry: Registry,
         live: Callable[[], Collection[tuple[str, str]]] = frozenset,
         capture: CaptureHealth | None = None,
+        query_snapshots: QuerySnapshots | None = None,
     ) -> None:
         self.server_name = server_name
+        self.query_snapshots = query_snapshots
         self.publications = publications
         self.registry = registry
         self.live = live  # (publication, subscriber) pairs with a feed open now
@@ -318,6 +330,49 @@ class AdminService(rpc.AdminServicer):
             head=pub.log.head,
         )
         return pb.DropSubscriberResponse(subscriber=subscriber_info(dropped, pub))
+
+    async def RefreshSnapshot(
+        self,
+        request: pb.RefreshSnapshotRequest,
+        context: grpc.aio.ServicerContext[pb.RefreshSnapshotRequest, pb.RefreshSnapshotResponse],
+    ) -> pb.RefreshSnapshotResponse:
+        """Virtuoso's UPDATE SNAPSHOT: evaluate the query now (publisher/querysnap.py)."""
+        snaps = await self._snapshots(request.publication, request.table, context)
+        try:
+            rows = await asyncio.to_thread(snaps.refresh_now, request.publication, request.table)
+        except LookupError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        except Exception as e:  # the source refused the query: say so, nothing appended
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"refresh failed: {e}")
+        head = self.publications[request.publication].log.head
+        return pb.RefreshSnapshotResponse(rows=rows, head=head)
+
+    async def DropSnapshot(
+        self,
+        request: pb.DropSnapshotRequest,
+        context: grpc.aio.ServicerContext[pb.DropSnapshotRequest, pb.DropSnapshotResponse],
+    ) -> pb.DropSnapshotResponse:
+        """Virtuoso's DROP SNAPSHOT [WITH DELETE]: no more refreshes (and the table dropped)."""
+        snaps = await self._snapshots(request.publication, request.table, context)
+        try:
+            await asyncio.to_thread(
+                snaps.drop, request.publication, request.table, with_delete=request.with_delete
+            )
+        except LookupError as e:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(e))
+        return pb.DropSnapshotResponse(head=self.publications[request.publication].log.head)
+
+    async def _snapshots(
+        self, publication: str, table: str, context: grpc.aio.ServicerContext[Any, Any]
+    ) -> QuerySnapshots:
+        problem = overlong(publication=publication, table=table)
+        if problem:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        await _publication(self.publications, publication, context)
+        if self.query_snapshots is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "no query snapshots here")
+        assert self.query_snapshots is not None
+        return self.query_snapshots
 
     async def InvalidateSubscriber(
         self,

@@ -8,6 +8,11 @@ the stream of chunks the ``Snapshot`` RPC sends::
     SnapshotStart (publisher, publication, incarnation, S, each table's schema
                    and row count), SnapshotRows..., SnapshotEnd (S, rows sent)
 
+A publication's filters and column lists (publisher/shaping.py) apply here too: each
+shaped table's schema is projected, its rows filtered and projected before they are
+sent, and its row count is that of the filtered rows (counted by a first read of the
+pinned rows: a shaped table with a filter is read twice, never held in memory).
+
 Entries appended through ``Publish`` carry application data, not source tables:
 they are not part of a snapshot (a subscriber re-initialised from a snapshot gets
 them only from S + 1 on).
@@ -24,6 +29,7 @@ import structlog
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.source import Source
 from publisher.publication import Publication
+from publisher.shaping import BoundShape
 
 __all__ = ["SnapshotSource"]
 
@@ -51,6 +57,22 @@ def _end_chunk(
     return end
 
 
+def _count(chunks: Iterable[pb.SnapshotChunk], shape: BoundShape) -> int:
+    if shape.filter is None:
+        return sum(len(c.rows.rows) for c in chunks)
+    return sum(1 for c in chunks for r in c.rows.rows if shape.passes(r.values))
+
+
+def _shaped(chunk: pb.SnapshotChunk, shape: BoundShape) -> pb.SnapshotChunk:
+    """The chunk's rows that pass the filter, projected to the published columns."""
+    out = pb.SnapshotChunk()
+    out.rows.table = chunk.rows.table
+    for row in chunk.rows.rows:
+        if shape.passes(row.values):
+            out.rows.rows.add().values.extend(shape.project(row.values))
+    return out
+
+
 @dataclass
 class SnapshotSource:
     """Snapshots of ``publications`` from ``source``, once its capture runs."""
@@ -70,10 +92,23 @@ class SnapshotSource:
         chunk_rows = min(MAX_CHUNK_ROWS, chunk_rows or DEFAULT_CHUNK_ROWS)
         started = time.monotonic()
         with self.source.snapshot(pub, timeout_s=self.position_timeout_s) as snap:
-            yield self._start_chunk(pub, snap.seq, snap.tables)
+            bound = {
+                s.table: pub.shaper.tables[s.table].bind(s)
+                for s, _ in snap.tables
+                if s.table in pub.shaper.tables
+            }
+            tables = [
+                (bound[s.table].schema, _count(snap.chunks(s, chunk_rows), bound[s.table]))
+                if s.table in bound
+                else (s, n)
+                for s, n in snap.tables
+            ]
+            yield self._start_chunk(pub, snap.seq, tables)
             total = 0
             for schema, _ in snap.tables:
                 for chunk in snap.chunks(schema, chunk_rows):
+                    if schema.table in bound:
+                        chunk = _shaped(chunk, bound[schema.table])
                     total += len(chunk.rows.rows)
                     yield chunk
             yield _end_chunk(pub, snap.seq, total, started, source=self.source.dialect)

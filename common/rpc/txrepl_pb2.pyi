@@ -1775,3 +1775,100 @@ class ErrorsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ErrorsResponse: _TypeAlias = ErrorsResponse  # noqa: Y015
+
+@_typing.final
+class RefreshSnapshotRequest(_message.Message):
+    """A query snapshot of a publication, refreshed now: its result replaces the table on
+    every subscriber (one group of entries).
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    publication: _builtins.str
+    table: _builtins.str
+    def __init__(
+        self,
+        *,
+        publication: _builtins.str = ...,
+        table: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publication", b"publication", "table", b"table"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefreshSnapshotRequest: _TypeAlias = RefreshSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class RefreshSnapshotResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_FIELD_NUMBER: _builtins.int
+    HEAD_FIELD_NUMBER: _builtins.int
+    rows: _builtins.int
+    head: _builtins.int
+    """the publication's head after the refresh"""
+    def __init__(
+        self,
+        *,
+        rows: _builtins.int = ...,
+        head: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head", "rows", b"rows"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RefreshSnapshotResponse: _TypeAlias = RefreshSnapshotResponse  # noqa: Y015
+
+@_typing.final
+class DropSnapshotRequest(_message.Message):
+    """Stop refreshing a query snapshot (until the publisher restarts with it still in its
+    config); with_delete also drops the table on every subscriber.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PUBLICATION_FIELD_NUMBER: _builtins.int
+    TABLE_FIELD_NUMBER: _builtins.int
+    WITH_DELETE_FIELD_NUMBER: _builtins.int
+    publication: _builtins.str
+    table: _builtins.str
+    with_delete: _builtins.bool
+    def __init__(
+        self,
+        *,
+        publication: _builtins.str = ...,
+        table: _builtins.str = ...,
+        with_delete: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["publication", b"publication", "table", b"table", "with_delete", b"with_delete"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSnapshotRequest: _TypeAlias = DropSnapshotRequest  # noqa: Y015
+
+@_typing.final
+class DropSnapshotResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    HEAD_FIELD_NUMBER: _builtins.int
+    head: _builtins.int
+    def __init__(
+        self,
+        *,
+        head: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["head", b"head"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DropSnapshotResponse: _TypeAlias = DropSnapshotResponse  # noqa: Y015

@@ -223,6 +223,16 @@ class AdminStub:
                 request_serializer=txrepl__pb2.InvalidateSubscriberRequest.SerializeToString,
                 response_deserializer=txrepl__pb2.InvalidateSubscriberResponse.FromString,
                 _registered_method=True)
+        self.RefreshSnapshot = channel.unary_unary(
+                '/txrepl.v1.Admin/RefreshSnapshot',
+                request_serializer=txrepl__pb2.RefreshSnapshotRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.RefreshSnapshotResponse.FromString,
+                _registered_method=True)
+        self.DropSnapshot = channel.unary_unary(
+                '/txrepl.v1.Admin/DropSnapshot',
+                request_serializer=txrepl__pb2.DropSnapshotRequest.SerializeToString,
+                response_deserializer=txrepl__pb2.DropSnapshotResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -258,6 +268,19 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RefreshSnapshot(self, request, context):
+        """Query snapshots (publisher/querysnap.py): Virtuoso's UPDATE SNAPSHOT, DROP SNAPSHOT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DropSnapshot(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +308,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.InvalidateSubscriber,
                     request_deserializer=txrepl__pb2.InvalidateSubscriberRequest.FromString,
                     response_serializer=txrepl__pb2.InvalidateSubscriberResponse.SerializeToString,
+            ),
+            'RefreshSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.RefreshSnapshot,
+                    request_deserializer=txrepl__pb2.RefreshSnapshotRequest.FromString,
+                    response_serializer=txrepl__pb2.RefreshSnapshotResponse.SerializeToString,
+            ),
+            'DropSnapshot': grpc.unary_unary_rpc_method_handler(
+                    servicer.DropSnapshot,
+                    request_deserializer=txrepl__pb2.DropSnapshotRequest.FromString,
+                    response_serializer=txrepl__pb2.DropSnapshotResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -422,6 +455,60 @@ class Admin:
             '/txrepl.v1.Admin/InvalidateSubscriber',
             txrepl__pb2.InvalidateSubscriberRequest.SerializeToString,
             txrepl__pb2.InvalidateSubscriberResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RefreshSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.Admin/RefreshSnapshot',
+            txrepl__pb2.RefreshSnapshotRequest.SerializeToString,
+            txrepl__pb2.RefreshSnapshotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DropSnapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/txrepl.v1.Admin/DropSnapshot',
+            txrepl__pb2.DropSnapshotRequest.SerializeToString,
+            txrepl__pb2.DropSnapshotResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -101,6 +101,9 @@ class AdminStub:
     MarkValid: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.MarkValidRequest, _txrepl_pb2.MarkValidResponse]
     DropSubscriber: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.DropSubscriberRequest, _txrepl_pb2.DropSubscriberResponse]
     InvalidateSubscriber: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.InvalidateSubscriberRequest, _txrepl_pb2.InvalidateSubscriberResponse]
+    RefreshSnapshot: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.RefreshSnapshotRequest, _txrepl_pb2.RefreshSnapshotResponse]
+    """Query snapshots (publisher/querysnap.py): Virtuoso's UPDATE SNAPSHOT, DROP SNAPSHOT."""
+    DropSnapshot: _grpc.UnaryUnaryMultiCallable[_txrepl_pb2.DropSnapshotRequest, _txrepl_pb2.DropSnapshotResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -110,6 +113,9 @@ class AdminAsyncStub(AdminStub):
     MarkValid: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.MarkValidRequest, _txrepl_pb2.MarkValidResponse]  # type: ignore[assignment]
     DropSubscriber: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.DropSubscriberRequest, _txrepl_pb2.DropSubscriberResponse]  # type: ignore[assignment]
     InvalidateSubscriber: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.InvalidateSubscriberRequest, _txrepl_pb2.InvalidateSubscriberResponse]  # type: ignore[assignment]
+    RefreshSnapshot: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.RefreshSnapshotRequest, _txrepl_pb2.RefreshSnapshotResponse]  # type: ignore[assignment]
+    """Query snapshots (publisher/querysnap.py): Virtuoso's UPDATE SNAPSHOT, DROP SNAPSHOT."""
+    DropSnapshot: _aio.UnaryUnaryMultiCallable[_txrepl_pb2.DropSnapshotRequest, _txrepl_pb2.DropSnapshotResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -146,6 +152,21 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         request: _txrepl_pb2.InvalidateSubscriberRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_txrepl_pb2.InvalidateSubscriberResponse, _abc.Awaitable[_txrepl_pb2.InvalidateSubscriberResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def RefreshSnapshot(
+        self,
+        request: _txrepl_pb2.RefreshSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.RefreshSnapshotResponse, _abc.Awaitable[_txrepl_pb2.RefreshSnapshotResponse]]:
+        """Query snapshots (publisher/querysnap.py): Virtuoso's UPDATE SNAPSHOT, DROP SNAPSHOT."""
+
+    @_abc_1.abstractmethod
+    def DropSnapshot(
+        self,
+        request: _txrepl_pb2.DropSnapshotRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_txrepl_pb2.DropSnapshotResponse, _abc.Awaitable[_txrepl_pb2.DropSnapshotResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
 

@@ -36,6 +36,7 @@ class RawSubscriber:
     details: str = ""
     trailing: tuple[tuple[str, str | bytes], ...] = ()  # the status's trailing metadata
     batches: int = 0
+    received: list[bytes] = field(default_factory=list)  # every entry's bytes, as sent
     _task: asyncio.Task[None] | None = None
     _channel: grpc.aio.Channel | None = None
 
@@ -73,6 +74,7 @@ class RawSubscriber:
                     self.incarnation = msg.welcome.incarnation
                 elif kind == "batch":
                     self.batches += 1
+                    self.received.extend(msg.batch.entries)
                     entries = [pb.Entry.FromString(e) for e in msg.batch.entries]
                     self.target.apply_all(msg.batch.first_seq, entries)
                     self.level = self.target.level

@@ -324,3 +324,54 @@ class Pair:
         for d in (self.sub, self.pub):
             if d is not None:
                 d.stop()
+
+
+def publisher_start_fails(pair: Pair) -> str:
+    """Run ``txrepl publisher run`` on ``pair``'s config, expecting a refusal: it exits
+    non-zero having written no data directory; returns its one stderr line."""
+    cfg = pair.write_publisher_config()
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.cli", "publisher", "run", "--config", str(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert not (pair.workdir / "publisher").exists()  # nothing written
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def admin_cli(pair: Pair, *args: str) -> subprocess.CompletedProcess[str]:
+    """``txrepl admin --publisher <pair's publisher> ARGS...``, its output captured."""
+    assert pair.pub is not None
+    argv = [sys.executable, "-m", "common.cli", "admin", "--publisher", pair.pub.address]
+    return subprocess.run(
+        [*argv, *args], cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def synced(pair: Pair, before: Any = None) -> Any:
+    """A raw Sync client (tests/support/feedclient.py) caught up with ``pair``'s head,
+    resuming ``before``'s level, incarnation and target when given."""
+    import asyncio
+
+    from tests.support.feedclient import RawSubscriber
+
+    assert pair.pub is not None
+    address = pair.pub.address
+
+    async def run() -> RawSubscriber:
+        sub = RawSubscriber(address, "sub1")
+        if before is not None:
+            sub.level, sub.incarnation, sub.target = before.level, before.incarnation, before.target
+        await sub.start()
+        try:
+            await sub.wait_level(pair.head(), timeout=20)
+        finally:
+            await sub.close()
+        return sub
+
+    return asyncio.run(run())
