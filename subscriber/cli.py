@@ -115,6 +115,13 @@ def _control(args: argparse.Namespace) -> int:
             f"{s.name:<24} {s.state:<12} {s.level:>10} {s.head:>10} "
             f"{max(0, s.head - s.level):>8}  {since} {s.last_error}"
         )
+        if s.HasField("snapshot"):
+            p = s.snapshot
+            eta = f"{p.eta_s:.0f} s" if p.eta_s >= 0 else "?"
+            print(
+                f"{'':<24} snapshot load ({p.by}): {p.rows_loaded:,}/{p.rows_expected:,} rows,"
+                f" {p.rows_per_s:,.0f} rows/s, ETA {eta}"
+            )
     return 0
 
 
@@ -165,6 +172,7 @@ def _reinit(args: argparse.Namespace) -> int:
     from subscriber.apply import create_spark_session
     from subscriber.config import load_config
     from subscriber.reinit import SnapshotError, SnapshotProgress
+    from subscriber.reinit.progress import ProgressFile
     from subscriber.targets import (
         publisher_channel,
         resolve_token,
@@ -224,7 +232,10 @@ def _reinit(args: argparse.Namespace) -> int:
     # unless a table is shaped by transforms (subscriber/reinit/shape.py).
     spark = create_spark_session(spark_settings(cfg)) if snapshot_needs_spark(cfg) else None
 
+    shown = ProgressFile(cfg.data_path, sc.id)  # for the daemon's status meanwhile
+
     def progress(p: SnapshotProgress) -> None:
+        shown.report(p)
         total = max(1, p.rows_expected)
         width = 30
         done = int(width * p.rows_loaded / total)
@@ -243,6 +254,7 @@ def _reinit(args: argparse.Namespace) -> int:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)
         return 1
     finally:
+        shown.remove()
         if spark is not None:
             spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")

@@ -208,6 +208,8 @@ def _consume(
                 received[name] = 0
                 progress.rows_expected += t.expected_rows
             target.begin(loading)
+            if on_progress is not None:
+                on_progress(progress)  # 0 of n rows: the load is under way
             log.info(
                 "snapshot started",
                 publication=publication,

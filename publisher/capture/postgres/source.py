@@ -144,6 +144,14 @@ class PostgresSource:
             def every(chunk_rows: int, copy: bool) -> Iterator[pb.SnapshotChunk]:
                 # Biggest tables first: the last reader to finish has the least left.
                 size = {t: n for t, n in zip(tables, counts, strict=True)}
+                log.info(
+                    "snapshot reading",
+                    publication=pub.name,
+                    tables=len(tables),
+                    pieces=len(pieces),
+                    readers=min(self.options.snapshot_readers, len(pieces)),
+                    copy_text=copy,
+                )
                 return read(sorted(pieces, key=lambda p: -size[p.table]), chunk_rows, copy)
 
             yield Snapshot(
