@@ -145,7 +145,11 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
                 f" PUBLICATION {name} WITH (copy_data = true)"
             )
 
+            peaks: dict[str, int] = {}
+            parents = _postmasters(src, dst)
+
             def ready() -> bool:
+                _sample_native_rss(peaks, parents)
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE srsubstate <> 'r'), count(*)"
                     " FROM pg_subscription_rel"
@@ -164,6 +168,9 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
             "seconds": round(seconds, 3),
             "rows_per_s": round(rows / seconds),
             "complete": rows == n,
+            # peak RSS (VmHWM, shared buffers touched included) of the processes doing it
+            "tablesync_peak_rss_mb": round(peaks.get("tablesync", 0) / 1024),
+            "walsender_peak_rss_mb": round(peaks.get("walsender", 0) / 1024),
         }
     finally:
         for server, db in ((src, sdb), (dst, ddb)):
@@ -228,6 +235,7 @@ def txrepl(
             last = head
         install_s = time.monotonic() - t0
         sub_rss_kb = 0
+        _reset_peak_rss(pub)  # the install's peak is not the snapshot's
         if spark is None and source_kind == "postgresql":
             ctx = multiprocessing.get_context("spawn")
             with ctx.Pool(1) as pool:
@@ -306,6 +314,48 @@ def _load_in_child(address: str, dst_dsn: str) -> tuple[int, float, int]:
     return seq, seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def _postmasters(*servers: Any) -> set[str]:
+    out = set()
+    for server in servers:
+        with contextlib.suppress(OSError):
+            out.add((server.data_dir / "postmaster.pid").read_text().split()[0])
+    return out
+
+
+def _sample_native_rss(peaks: dict[str, int], parents: set[str]) -> None:
+    """Record the peak RSS so far of the table-sync workers and walsenders of the
+    clusters whose postmasters are ``parents``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            status = (proc / "status").read_text()
+            ppid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")), "")
+            if ppid not in parents:
+                continue
+            title = (proc / "cmdline").read_bytes()
+            kind = (
+                "tablesync"
+                if b"tablesync" in title
+                else "walsender"
+                if b"walsender" in title
+                else ""
+            )
+            if not kind:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks[kind] = max(peaks.get(kind, 0), int(line.split()[1]))
+
+
+def _reset_peak_rss(daemon: Daemon) -> None:
+    """Reset a daemon's VmHWM to its current RSS (Linux: ``5`` into clear_refs)."""
+    proc = getattr(daemon, "proc", None)
+    if proc is not None:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")
+
+
 def _peak_rss_kb(daemon: Daemon) -> int:
     """A running daemon's peak RSS so far (VmHWM), in KiB; 0 where /proc cannot tell."""
     proc = getattr(daemon, "proc", None)
@@ -369,6 +419,12 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
                         f"  peak RSS publisher {row['publisher_peak_rss_mb']} MB,"
                         f" subscriber {row['subscriber_peak_rss_mb']} MB"
                         if row.get("subscriber_peak_rss_mb")
+                        else ""
+                    )
+                    + (
+                        f"  peak RSS tablesync {row['tablesync_peak_rss_mb']} MB,"
+                        f" walsender {row['walsender_peak_rss_mb']} MB"
+                        if "tablesync_peak_rss_mb" in row
                         else ""
                     )
                     + (

@@ -100,8 +100,8 @@ def key_ranges(
     n = min(-(-rows // range_rows), high - low + 1)
     if n <= 1:
         return [Piece(table, shape)]
-    step = (high - low + 1) / n
-    bounds = [low + int(step * i) for i in range(1, n)]
+    span = high - low + 1
+    bounds = [low + span * i // n for i in range(1, n)]  # exact, non-decreasing
     pieces: list[Piece] = []
     for i in range(n):
         parts = []
