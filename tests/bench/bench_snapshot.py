@@ -334,13 +334,9 @@ def _sample_native_rss(peaks: dict[str, int], parents: set[str]) -> None:
             if ppid not in parents:
                 continue
             title = (proc / "cmdline").read_bytes()
-            kind = (
-                "tablesync"
-                if b"tablesync" in title
-                else "walsender"
-                if b"walsender" in title
-                else ""
-            )
+            # PostgreSQL 15: "logical replication worker for subscription N sync R"
+            sync = b"logical replication" in title and b" sync " in title
+            kind = "tablesync" if sync else "walsender" if b"walsender" in title else ""
             if not kind:
                 continue
             for line in status.splitlines():
