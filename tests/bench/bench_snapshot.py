@@ -190,7 +190,6 @@ def txrepl(
     base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str, spark: Any = None
 ) -> dict[str, Any]:
     from subscriber.apply import TableOptions
-    from subscriber.targets import load_snapshot
 
     work = Path(tempfile.mkdtemp(prefix=f"snapshot-{run_no}-", dir=base))
     stamp = f"{os.getpid()}_{run_no}_{int(time.time() * 1000) % 10**7}"
@@ -228,7 +227,8 @@ def txrepl(
         address = pub.address
         last = -1
         while True:  # the install's copy of the existing rows reaches the log
-            time.sleep(1.0)
+            # (5 s without a new entry: a 10M-row install pauses for a second or more)
+            time.sleep(5.0 if n > 2_000_000 else 1.0)
             head = publication_head(address, "shop")
             if head == last and head > 0:
                 break
@@ -243,14 +243,9 @@ def txrepl(
             began = time.monotonic() - seconds
         else:
             began = time.monotonic()
-            _incarnation, seq = load_snapshot(
-                address=address,
-                publisher="pub1",
-                publication="shop",
-                subscriber="bench",
-                subscription="pub1.shop",
-                target=dst_dsn,
-                chunk_rows=10_000,
+            seq = _load(
+                address,
+                dst_dsn,
                 spark=spark,
                 tables={TABLE: TableOptions(**SHAPED)} if spark is not None else None,  # type: ignore[arg-type]
             )
@@ -296,12 +291,11 @@ def txrepl(
                 src.drop_database(sdb)
 
 
-def _load_in_child(address: str, dst_dsn: str) -> tuple[int, float, int]:
-    """(seq, seconds, peak RSS in KiB) of a snapshot load in this (child) process."""
+def _load(address: str, dst_dsn: str, **more: Any) -> int:
+    """Load the bench publication's snapshot into ``dst_dsn``; its seq."""
     from subscriber.targets import load_snapshot
 
-    began = time.monotonic()
-    _incarnation, seq = load_snapshot(
+    return load_snapshot(
         address=address,
         publisher="pub1",
         publication="shop",
@@ -309,7 +303,14 @@ def _load_in_child(address: str, dst_dsn: str) -> tuple[int, float, int]:
         subscription="pub1.shop",
         target=dst_dsn,
         chunk_rows=10_000,
-    )
+        **more,
+    )[1]
+
+
+def _load_in_child(address: str, dst_dsn: str) -> tuple[int, float, int]:
+    """(seq, seconds, peak RSS in KiB) of a snapshot load in this (child) process."""
+    began = time.monotonic()
+    seq = _load(address, dst_dsn)
     seconds = time.monotonic() - began
     return seq, seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 

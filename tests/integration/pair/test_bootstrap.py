@@ -45,6 +45,25 @@ def _reads(pair: Pair) -> list[dict[str, Any]]:
     return [json.loads(line) for line in log.splitlines() if '"snapshot reading"' in line]
 
 
+def _pg_pair(
+    tmp_path: Path, pg_server: Any, w1: W1, slot: str, **more: Any
+) -> tuple[Pair, Any, str, str]:
+    """A PostgreSQL source holding W1's accounts and 30 order transactions, and a pair
+    reading it with SPLIT; (pair, source connection, source dsn, target dsn)."""
+    src_dsn = pg_server.create_database()
+    dst_dsn = pg_server.create_database()
+    src = pg_source(src_dsn)
+    run_pg(src, w1.transactions(31))
+    pair = Pair(
+        tmp_path,
+        tables=["accounts", "orders"],
+        source_url=src_dsn,
+        publisher_extra={"slot": slot, **SPLIT},
+        **more,
+    )
+    return pair, src, src_dsn, dst_dsn
+
+
 @pytest.mark.spark
 def test_key_range_split_load_of_two_tables_equals_the_source_on_both_targets(
     tmp_path: Path, pg_server: Any, spark: Any
@@ -52,17 +71,7 @@ def test_key_range_split_load_of_two_tables_equals_the_source_on_both_targets(
     """Two tables, the bigger read as several key ranges by three readers: the
     PostgreSQL target (COPY text) and the SQLite target (rows) equal the source row
     by row."""
-    src_dsn = pg_server.create_database()
-    dst_dsn = pg_server.create_database()
-    src = pg_source(src_dsn)
-    w1 = W1(accounts=300)
-    run_pg(src, w1.transactions(61))
-    pair = Pair(
-        tmp_path,
-        tables=["accounts", "orders"],
-        source_url=src_dsn,
-        publisher_extra={"slot": "txrepl_boot_split", **SPLIT},
-    )
+    pair, src, src_dsn, dst_dsn = _pg_pair(tmp_path, pg_server, W1(accounts=300), "boot_split")
     try:
         pair.start_publisher()
         wait_until(lambda: pair.head() > 0, 60, "the install snapshot in the log")
@@ -90,19 +99,11 @@ def test_reinit_shows_progress_in_status_survives_a_kill_and_completes_on_rerun(
     """While ``txrepl subscriber reinit`` loads (its swap held by a reader), the
     daemon's status shows rows, rows/s and ETA; kill -9 leaves the old target and
     level; a rerun completes and the target equals the source."""
-    src_dsn = pg_server.create_database()
-    dst_dsn = pg_server.create_database()
-    src = pg_source(src_dsn)
     w1 = W1(accounts=200)
-    run_pg(src, w1.transactions(31))
-    pair = Pair(
-        tmp_path,
-        tables=["accounts", "orders"],
-        source_url=src_dsn,
-        target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_boot_kill", **SPLIT},
-        subscription_extra={"initial": "snapshot"},
+    pair, src, src_dsn, dst_dsn = _pg_pair(
+        tmp_path, pg_server, w1, "boot_kill", subscription_extra={"initial": "snapshot"}
     )
+    pair.target_url = dst_dsn
     try:
         pair.start_publisher()
         pair.start_subscriber()
