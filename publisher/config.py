@@ -248,6 +248,11 @@ class PublisherConfig:
     # is refused by name.
     max_entry_bytes: int = 4 * 1024 * 1024
     retention_interval_s: float = 30.0
+    # PostgreSQL source, on-demand snapshots (docs/reinit.md): pieces read at a time,
+    # and the size above which a table with a one-column integer key is read in key
+    # ranges of about this many rows.
+    snapshot_readers: int = 2
+    snapshot_range_rows: int = 1_000_000
     slot: str = ""  # PostgreSQL source: replication slot name; default txrepl_<server_name>
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL logical decoding plugin
     registry_url: str = ""  # SQLAlchemy URL; default sqlite:///<data_dir>/registry.db
@@ -286,6 +291,9 @@ class PublisherConfig:
                 ) from None
         if self.poll_interval_ms <= 0:
             raise ValueError("poll_interval_ms must be positive")
+        for key in ("snapshot_readers", "snapshot_range_rows"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be at least 1, not {getattr(self, key)}")
         if not 1024 <= self.max_entry_bytes <= 512 * 1024 * 1024:
             raise ValueError("max_entry_bytes must be between 1024 and 536870912 (512 MiB)")
         self._check_operations()

@@ -271,6 +271,8 @@ class Publisher:
             plugin=cfg.plugin,
             poll_interval_s=cfg.poll_interval_ms / 1000,
             max_entry_bytes=cfg.max_entry_bytes,
+            snapshot_readers=cfg.snapshot_readers,
+            snapshot_range_rows=cfg.snapshot_range_rows,
         )
         self.source = open_source(cfg.source_url, options)  # checked: clear errors
         self.node = claim_source_node(cfg.source_url, cfg.node, cfg.server_name)

@@ -78,7 +78,7 @@ class ReplicationService(rpc.ReplicationServicer):
             )
         assert self.snapshots is not None
         log.info("snapshot requested", publication=pub.name, subscriber=request.subscriber)
-        chunks = self.snapshots.stream(pub, request.chunk_rows)
+        chunks = self.snapshots.stream(pub, request.chunk_rows, copy=request.accept_copy_text)
         try:
             while True:
                 try:

@@ -87,8 +87,13 @@ class SnapshotSource:
     def ready(self) -> bool:
         return self.running
 
-    def stream(self, pub: Publication, chunk_rows: int) -> Generator[pb.SnapshotChunk, None, None]:
-        """Yield SnapshotStart, SnapshotRows..., SnapshotEnd (blocking; run in a thread)."""
+    def stream(
+        self, pub: Publication, chunk_rows: int, *, copy: bool = False
+    ) -> Generator[pb.SnapshotChunk, None, None]:
+        """Yield SnapshotStart, SnapshotRows..., SnapshotEnd (blocking; run in a thread).
+
+        ``copy``: the subscriber takes PostgreSQL COPY text (a source that reads its
+        tables in parallel then sends that; its tables' chunks interleave)."""
         chunk_rows = min(MAX_CHUNK_ROWS, chunk_rows or DEFAULT_CHUNK_ROWS)
         started = time.monotonic()
         with self.source.snapshot(pub, timeout_s=self.position_timeout_s) as snap:
@@ -105,12 +110,18 @@ class SnapshotSource:
             ]
             yield self._start_chunk(pub, snap.seq, tables)
             total = 0
-            for schema, _ in snap.tables:
-                for chunk in snap.chunks(schema, chunk_rows):
-                    if schema.table in bound:
-                        chunk = _shaped(chunk, bound[schema.table])
-                    total += len(chunk.rows.rows)
-                    yield chunk
+            if snap.every is not None and not bound:
+                # parallel reads, COPY text if asked; shaped tables take the value path
+                chunks: Iterable[pb.SnapshotChunk] = snap.every(chunk_rows, copy)
+            else:
+                chunks = (
+                    _shaped(c, bound[schema.table]) if schema.table in bound else c
+                    for schema, _ in snap.tables
+                    for c in snap.chunks(schema, chunk_rows)
+                )
+            for chunk in chunks:
+                total += len(chunk.rows.rows) + chunk.rows.copy_rows
+                yield chunk
             yield _end_chunk(pub, snap.seq, total, started, source=self.source.dialect)
 
     def _start_chunk(

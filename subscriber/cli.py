@@ -118,6 +118,13 @@ def _control(args: argparse.Namespace) -> int:
         )
         if s.conflicts:  # an updatable subscription (docs/conflicts.md)
             print("    conflicts: " + ", ".join(f"{c.table} {c.count}" for c in s.conflicts))
+        if s.HasField("snapshot"):
+            p = s.snapshot
+            eta = f"{p.eta_s:.0f} s" if p.eta_s >= 0 else "?"
+            print(
+                f"{'':<24} snapshot load ({p.by}): {p.rows_loaded:,}/{p.rows_expected:,} rows,"
+                f" {p.rows_per_s:,.0f} rows/s, ETA {eta}"
+            )
     return 0
 
 
@@ -168,6 +175,7 @@ def _reinit(args: argparse.Namespace) -> int:
     from subscriber.apply import create_spark_session
     from subscriber.config import load_config
     from subscriber.reinit import SnapshotError, SnapshotProgress
+    from subscriber.reinit.progress import ProgressFile
     from subscriber.targets import (
         publisher_channel,
         resolve_token,
@@ -227,7 +235,10 @@ def _reinit(args: argparse.Namespace) -> int:
     # unless a table is shaped by transforms (subscriber/reinit/shape.py).
     spark = create_spark_session(spark_settings(cfg)) if snapshot_needs_spark(cfg) else None
 
+    shown = ProgressFile(cfg.data_path, sc.id)  # for the daemon's status meanwhile
+
     def progress(p: SnapshotProgress) -> None:
+        shown.report(p)
         total = max(1, p.rows_expected)
         width = 30
         done = int(width * p.rows_loaded / total)
@@ -246,6 +257,7 @@ def _reinit(args: argparse.Namespace) -> int:
         print(f"\ntxrepl: {e} (the target is unchanged)", file=sys.stderr)
         return 1
     finally:
+        shown.remove()
         if spark is not None:
             spark.stop()
     print(f"\nloaded snapshot of {sc.publication!r} as of seq {seq} (incarnation {incarnation})")

@@ -25,9 +25,22 @@ AUTH_RULES: Mapping[str, Rule] = {"/txrepl.v1.SubscriberControl/": Rule(frozense
 
 
 class ControlService(rpc.SubscriberControlServicer):
-    def __init__(self, server_name: str, runners: Mapping[str, SubscriptionRunner]) -> None:
+    def __init__(
+        self,
+        server_name: str,
+        runners: Mapping[str, SubscriptionRunner],
+        loads: Callable[[str], pb.SnapshotLoad | None] | None = None,
+    ) -> None:
         self.server_name = server_name
         self.runners = runners
+        self.loads = loads  # a snapshot load under way, per subscription (reinit/progress.py)
+
+    def _status(self, runner: SubscriptionRunner) -> pb.SubscriptionStatus:
+        out = runner.status()
+        load = self.loads(out.name) if self.loads is not None else None
+        if load is not None:
+            out.snapshot.CopyFrom(load)
+        return out
 
     async def Status(
         self,
@@ -35,7 +48,7 @@ class ControlService(rpc.SubscriberControlServicer):
         context: grpc.aio.ServicerContext[pb.StatusRequest, pb.StatusResponse],
     ) -> pb.StatusResponse:
         out = pb.StatusResponse(subscriber=self.server_name)
-        out.subscriptions.extend(r.status() for r in self.runners.values())
+        out.subscriptions.extend(self._status(r) for r in self.runners.values())
         return out
 
     async def _select(
@@ -66,7 +79,7 @@ class ControlService(rpc.SubscriberControlServicer):
         runners = await self._select(request, context)
         for r in runners:
             action(r)
-        return pb.SubscriptionResponse(subscriptions=[r.status() for r in runners])
+        return pb.SubscriptionResponse(subscriptions=[self._status(r) for r in runners])
 
     async def Pause(
         self,
@@ -132,4 +145,4 @@ class ControlService(rpc.SubscriberControlServicer):
             await asyncio.to_thread(action, runner, request.seq)
         except ApplyError as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
-        return pb.SubscriptionResponse(subscriptions=[runner.status()])
+        return pb.SubscriptionResponse(subscriptions=[self._status(runner)])

@@ -60,6 +60,7 @@ from subscriber.apply import (
 from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
+from subscriber.reinit.progress import ProgressBoard
 from subscriber.subscription import STATES, SubscriptionRunner
 from subscriber.targets import (
     attach_conflicts,
@@ -211,6 +212,7 @@ class Subscriber:
         self.tasks: list[asyncio.Task[None]] = []
         self.endpoint: GrpcEndpoint | None = None
         self.health = HealthBoard()
+        self.loads = ProgressBoard(config.data_path)  # snapshot loads under way, for status
 
     def open(self) -> None:
         cfg = self.config
@@ -243,13 +245,16 @@ class Subscriber:
                 backoff=cfg.backoff,
                 channel_factory=aio_channel_factory(sc.client_tls, cfg.path, token=sub.token),
                 # The same builder as ``txrepl subscriber reinit`` (subscriber/targets).
-                snapshot=snapshot_loader(cfg, sc, self.spark),
+                snapshot=self.loads.tracked(
+                    sc.id,
+                    snapshot_loader(cfg, sc, self.spark, on_progress=self.loads.reporter(sc.id)),
+                ),
                 stages=stages,
             )
 
     async def serve(self) -> None:
         cfg = self.config
-        control = ControlService(cfg.server_name, self.runners)
+        control = ControlService(cfg.server_name, self.runners, self.loads.current)
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if cfg.auth.admin_token_hashes:
             book = TokenBook((h, Principal("admin", "admin")) for h in cfg.auth.admin_token_hashes)

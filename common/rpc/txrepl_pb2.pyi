@@ -1009,11 +1009,16 @@ class SnapshotRequest(_message.Message):
     PUBLICATION_FIELD_NUMBER: _builtins.int
     CHUNK_ROWS_FIELD_NUMBER: _builtins.int
     TOKEN_FIELD_NUMBER: _builtins.int
+    ACCEPT_COPY_TEXT_FIELD_NUMBER: _builtins.int
     subscriber: _builtins.str
     publication: _builtins.str
     chunk_rows: _builtins.int
     """rows per SnapshotRows message; 0 = publisher default"""
     token: _builtins.str
+    accept_copy_text: _builtins.bool
+    """The subscriber can load PostgreSQL COPY text (SnapshotRows.copy_text) for the
+    tables it loads as published; a PostgreSQL source then sends those instead of rows.
+    """
     def __init__(
         self,
         *,
@@ -1021,10 +1026,11 @@ class SnapshotRequest(_message.Message):
         publication: _builtins.str = ...,
         chunk_rows: _builtins.int = ...,
         token: _builtins.str = ...,
+        accept_copy_text: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["chunk_rows", b"chunk_rows", "publication", b"publication", "subscriber", b"subscriber", "token", b"token"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["accept_copy_text", b"accept_copy_text", "chunk_rows", b"chunk_rows", "publication", b"publication", "subscriber", b"subscriber", "token", b"token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1115,7 +1121,15 @@ class SnapshotRows(_message.Message):
 
     TABLE_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    COPY_TEXT_FIELD_NUMBER: _builtins.int
+    COPY_ROWS_FIELD_NUMBER: _builtins.int
     table: _builtins.str
+    copy_text: _builtins.bytes
+    """Instead of rows (only when the request accepts it): whole lines of PostgreSQL's
+    COPY text format, the columns of the table's schema in order, under the
+    source session settings of docs/postgres.md; copy_rows lines.
+    """
+    copy_rows: _builtins.int
     @_builtins.property
     def rows(self) -> _containers.RepeatedCompositeFieldContainer[Global___Row]: ...
     def __init__(
@@ -1123,10 +1137,12 @@ class SnapshotRows(_message.Message):
         *,
         table: _builtins.str = ...,
         rows: _abc.Iterable[Global___Row] | None = ...,
+        copy_text: _builtins.bytes = ...,
+        copy_rows: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "table", b"table"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["copy_rows", b"copy_rows", "copy_text", b"copy_text", "rows", b"rows", "table", b"table"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1557,6 +1573,7 @@ class SubscriptionStatus(_message.Message):
     APPLIED_ROWS_FIELD_NUMBER: _builtins.int
     SESSIONS_FIELD_NUMBER: _builtins.int
     CONFLICTS_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     publisher: _builtins.str
     publication: _builtins.str
@@ -1575,6 +1592,10 @@ class SubscriptionStatus(_message.Message):
     def conflicts(self) -> _containers.RepeatedCompositeFieldContainer[Global___TableConflicts]:
         """Updatable subscriptions: conflicts in the target's log, per table (issue 24)."""
 
+    @_builtins.property
+    def snapshot(self) -> Global___SnapshotLoad:
+        """a snapshot load under way (reinit, initial load), if any"""
+
     def __init__(
         self,
         *,
@@ -1590,10 +1611,11 @@ class SubscriptionStatus(_message.Message):
         applied_rows: _builtins.int = ...,
         sessions: _builtins.int = ...,
         conflicts: _abc.Iterable[Global___TableConflicts] | None = ...,
+        snapshot: Global___SnapshotLoad | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "conflicts", b"conflicts", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "conflicts", b"conflicts", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "snapshot", b"snapshot", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1620,6 +1642,42 @@ class TableConflicts(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___TableConflicts: _TypeAlias = TableConflicts  # noqa: Y015
+
+@_typing.final
+class SnapshotLoad(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ROWS_LOADED_FIELD_NUMBER: _builtins.int
+    ROWS_EXPECTED_FIELD_NUMBER: _builtins.int
+    ROWS_PER_S_FIELD_NUMBER: _builtins.int
+    ETA_S_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
+    BY_FIELD_NUMBER: _builtins.int
+    rows_loaded: _builtins.int
+    rows_expected: _builtins.int
+    rows_per_s: _builtins.float
+    eta_s: _builtins.float
+    """-1 = not known yet"""
+    seq: _builtins.int
+    by: _builtins.str
+    """"daemon" or "reinit" (the command, in its own process)"""
+    def __init__(
+        self,
+        *,
+        rows_loaded: _builtins.int = ...,
+        rows_expected: _builtins.int = ...,
+        rows_per_s: _builtins.float = ...,
+        eta_s: _builtins.float = ...,
+        seq: _builtins.int = ...,
+        by: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["by", b"by", "eta_s", b"eta_s", "rows_expected", b"rows_expected", "rows_loaded", b"rows_loaded", "rows_per_s", b"rows_per_s", "seq", b"seq"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SnapshotLoad: _TypeAlias = SnapshotLoad  # noqa: Y015
 
 @_typing.final
 class StatusRequest(_message.Message):

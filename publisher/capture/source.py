@@ -52,6 +52,8 @@ from publisher.publication import Publication
 __all__ = ["Snapshot", "Source", "SourceFactory", "SourceOptions"]
 
 ChunkReader = Callable[[pb.TableSchema, int], Iterator[pb.SnapshotChunk]]
+# (chunk_rows, copy): every table's chunks, interleaved; copy: COPY text where it can.
+AllReader = Callable[[int, bool], Iterator[pb.SnapshotChunk]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +64,8 @@ class SourceOptions:
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL: logical decoding
     poll_interval_s: float = 0.005  # SQLite: how often capture looks for new commits
     max_entry_bytes: int = 4 * 1024 * 1024  # fragments beyond (common/fragments.py)
+    snapshot_readers: int = 2  # PostgreSQL: pieces of a snapshot read at a time
+    snapshot_range_rows: int = 1_000_000  # PostgreSQL: a bigger table is read in key ranges
 
 
 @dataclasses.dataclass
@@ -70,11 +74,15 @@ class Snapshot:
 
     ``chunks(schema, chunk_rows)`` yields SnapshotChunks of at most ``chunk_rows``
     rows of that table, as of S (read from the source while the snapshot is held).
+    ``every`` (optional), given: ``every(chunk_rows, copy)`` yields the chunks of
+    all the tables, interleaved (read in parallel), as PostgreSQL COPY text when
+    ``copy`` (SnapshotRows.copy_text).
     """
 
     seq: int
     tables: list[tuple[pb.TableSchema, int]]
     chunks: ChunkReader
+    every: AllReader | None = None
 
 
 class Source(Protocol):

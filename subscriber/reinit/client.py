@@ -94,9 +94,14 @@ def load_into(
     ch: grpc.Channel | None = None
     try:
         ch = channel or client_channel(address, None)  # plaintext: tests, loopback
+        # COPY text only when every table loads as published (no Spark shaping).
+        copy = sink.copy_text and not any(t.shaped for t in (tables or {}).values())
         stream: Any = rpc.ReplicationStub(ch).Snapshot(
             pb.SnapshotRequest(
-                subscriber=subscriber, publication=publication, chunk_rows=chunk_rows
+                subscriber=subscriber,
+                publication=publication,
+                chunk_rows=chunk_rows,
+                accept_copy_text=copy,
             ),
         )
         if sink.prefetch:
@@ -128,6 +133,7 @@ class ShadowLoader(Protocol):
     log_fields: Mapping[str, str]  # added to the "snapshot started/loaded" lines
     single_start: bool  # a second ``start`` chunk is an error
     prefetch: bool  # receive the stream in a thread (:func:`_prefetch`)
+    copy_text: bool  # takes PostgreSQL COPY text (``write_copy``)
 
     def begin(self, start: pb.SnapshotStart) -> None:
         """Create the (empty) shadow tables of ``start.tables``."""
@@ -137,6 +143,9 @@ class ShadowLoader(Protocol):
 
     def write(self, table: str, rows: list[Any]) -> int:
         """Write a non-empty buffer into the table's shadow; returns the rows written."""
+
+    def write_copy(self, table: str, text: bytes) -> None:
+        """Write whole lines of PostgreSQL COPY text into the table's shadow."""
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         """Replace the tables and level with the shadows' in one transaction, and the
@@ -199,6 +208,8 @@ def _consume(
                 received[name] = 0
                 progress.rows_expected += t.expected_rows
             target.begin(loading)
+            if on_progress is not None:
+                on_progress(progress)  # 0 of n rows: the load is under way
             log.info(
                 "snapshot started",
                 publication=publication,
@@ -211,6 +222,15 @@ def _consume(
             table = chunk.rows.table
             if start is None or table not in into:
                 raise SnapshotError(f"snapshot rows for unknown table {table!r}")
+            if chunk.rows.copy_rows:
+                if table in shaped or not target.copy_text:
+                    raise SnapshotError(f"snapshot sent COPY text for table {table!r} unasked")
+                received[table] += chunk.rows.copy_rows
+                target.write_copy(into[table], chunk.rows.copy_text)
+                progress.rows_loaded += chunk.rows.copy_rows
+                if on_progress is not None:
+                    on_progress(progress)
+                continue
             rows: Any = chunk.rows.rows
             received[table] += len(rows)
             if table in shaped:

@@ -21,7 +21,14 @@ Two systems on the same table, in the same run, on private clusters:
 All targets are databases of the same cluster; the runs are sequential.  The
 table: id bigint primary key, name text, qty bigint, price numeric(12,2),
 created_at timestamptz.  Knobs: ``TXREPL_BENCH_SNAPSHOT_ROWS`` (default 1,000,000),
-``TXREPL_BENCH_RUNS`` (default 1).
+``TXREPL_BENCH_RUNS`` (default 1), ``TXREPL_BENCH_SNAPSHOT_SYSTEMS`` (comma-separated,
+default ``pg native,postgresql,sqlite,sqlite shaped``).
+
+``txrepl postgresql`` loads through the subscriber's COPY text path (the source's
+``COPY ... TO STDOUT`` lines carried as bytes, key ranges of
+``TXREPL_BENCH_SNAPSHOT_RANGE_ROWS`` rows, default 1,000,000, read by
+``TXREPL_BENCH_SNAPSHOT_READERS`` readers, default 2) in a child process, so its
+peak RSS is the subscriber side's alone; the publisher's is read from /proc.
 
 ``txrepl sqlite shaped``
                the SQLite source again, loaded with ``[apply.tables.items]``
@@ -35,7 +42,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import multiprocessing
 import os
+import resource
 import sqlite3
 import tempfile
 import time
@@ -136,7 +145,11 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
                 f" PUBLICATION {name} WITH (copy_data = true)"
             )
 
+            peaks: dict[str, int] = {}
+            parents = _postmasters(src, dst)
+
             def ready() -> bool:
+                _sample_native_rss(peaks, parents)
                 row = conn.execute(
                     "SELECT count(*) FILTER (WHERE srsubstate <> 'r'), count(*)"
                     " FROM pg_subscription_rel"
@@ -155,6 +168,9 @@ def pg_native(src: Any, dst: Any, n: int, run_no: int) -> dict[str, Any]:
             "seconds": round(seconds, 3),
             "rows_per_s": round(rows / seconds),
             "complete": rows == n,
+            # peak RSS (VmHWM, shared buffers touched included) of the processes doing it
+            "tablesync_peak_rss_mb": round(peaks.get("tablesync", 0) / 1024),
+            "walsender_peak_rss_mb": round(peaks.get("walsender", 0) / 1024),
         }
     finally:
         for server, db in ((src, sdb), (dst, ddb)):
@@ -174,7 +190,6 @@ def txrepl(
     base: Path, src: Any, dst: Any, n: int, run_no: int, source_kind: str, spark: Any = None
 ) -> dict[str, Any]:
     from subscriber.apply import TableOptions
-    from subscriber.targets import load_snapshot
 
     work = Path(tempfile.mkdtemp(prefix=f"snapshot-{run_no}-", dir=base))
     stamp = f"{os.getpid()}_{run_no}_{int(time.time() * 1000) % 10**7}"
@@ -198,6 +213,8 @@ def txrepl(
             make_pg_source(src_dsn, n)
             cfg["source"] = src_dsn
             cfg["slot"] = f"txrepl_bench_{run_no}"
+            cfg["snapshot_readers"] = KNOBS["readers"]
+            cfg["snapshot_range_rows"] = KNOBS["range_rows"]
         made = time.monotonic() - t0
         (work / "publisher.toml").write_text(to_toml(cfg))
         t0 = time.monotonic()
@@ -210,24 +227,29 @@ def txrepl(
         address = pub.address
         last = -1
         while True:  # the install's copy of the existing rows reaches the log
-            time.sleep(1.0)
+            # (5 s without a new entry: a 10M-row install pauses for a second or more)
+            time.sleep(5.0 if n > 2_000_000 else 1.0)
             head = publication_head(address, "shop")
             if head == last and head > 0:
                 break
             last = head
         install_s = time.monotonic() - t0
-        began = time.monotonic()
-        _incarnation, seq = load_snapshot(
-            address=address,
-            publisher="pub1",
-            publication="shop",
-            subscriber="bench",
-            subscription="pub1.shop",
-            target=dst_dsn,
-            chunk_rows=10_000,
-            spark=spark,
-            tables={TABLE: TableOptions(**SHAPED)} if spark is not None else None,  # type: ignore[arg-type]
-        )
+        sub_rss_kb = 0
+        _reset_peak_rss(pub)  # the install's peak is not the snapshot's
+        if spark is None and source_kind == "postgresql":
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(1) as pool:
+                seq, seconds, sub_rss_kb = pool.apply(_load_in_child, (address, dst_dsn))
+            began = time.monotonic() - seconds
+        else:
+            began = time.monotonic()
+            seq = _load(
+                address,
+                dst_dsn,
+                spark=spark,
+                tables={TABLE: TableOptions(**SHAPED)} if spark is not None else None,  # type: ignore[arg-type]
+            )
+        pub_rss_kb = _peak_rss_kb(pub)
         seconds = time.monotonic() - began
         if spark is not None:
             loaded = _count(dst_dsn, "stock")
@@ -255,6 +277,8 @@ def txrepl(
             "rows_per_s": round(rows / seconds),
             "complete": rows == n,
             "source_fill_s": round(made, 1),
+            "publisher_peak_rss_mb": round(pub_rss_kb / 1024),
+            "subscriber_peak_rss_mb": round(sub_rss_kb / 1024),
             "publisher_install_s": round(install_s, 1),
         }
     finally:
@@ -267,9 +291,94 @@ def txrepl(
                 src.drop_database(sdb)
 
 
+def _load(address: str, dst_dsn: str, **more: Any) -> int:
+    """Load the bench publication's snapshot into ``dst_dsn``; its seq."""
+    from subscriber.targets import load_snapshot
+
+    return load_snapshot(
+        address=address,
+        publisher="pub1",
+        publication="shop",
+        subscriber="bench",
+        subscription="pub1.shop",
+        target=dst_dsn,
+        chunk_rows=10_000,
+        **more,
+    )[1]
+
+
+def _load_in_child(address: str, dst_dsn: str) -> tuple[int, float, int]:
+    """(seq, seconds, peak RSS in KiB) of a snapshot load in this (child) process."""
+    began = time.monotonic()
+    seq = _load(address, dst_dsn)
+    seconds = time.monotonic() - began
+    return seq, seconds, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _postmasters(*servers: Any) -> set[str]:
+    out = set()
+    for server in servers:
+        with contextlib.suppress(OSError):
+            out.add((server.data_dir / "postmaster.pid").read_text().split()[0])
+    return out
+
+
+def _sample_native_rss(peaks: dict[str, int], parents: set[str]) -> None:
+    """Record the peak RSS so far of the table-sync workers and walsenders of the
+    clusters whose postmasters are ``parents``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            status = (proc / "status").read_text()
+            ppid = next((ln.split()[1] for ln in status.splitlines() if ln.startswith("PPid:")), "")
+            if ppid not in parents:
+                continue
+            title = (proc / "cmdline").read_bytes()
+            # PostgreSQL 15: "logical replication worker for subscription N sync R"
+            sync = b"logical replication" in title and b" sync " in title
+            kind = "tablesync" if sync else "walsender" if b"walsender" in title else ""
+            if not kind:
+                continue
+            for line in status.splitlines():
+                if line.startswith("VmHWM:"):
+                    peaks[kind] = max(peaks.get(kind, 0), int(line.split()[1]))
+
+
+def _reset_peak_rss(daemon: Daemon) -> None:
+    """Reset a daemon's VmHWM to its current RSS (Linux: ``5`` into clear_refs)."""
+    proc = getattr(daemon, "proc", None)
+    if proc is not None:
+        with contextlib.suppress(OSError):
+            Path(f"/proc/{proc.pid}/clear_refs").write_text("5")
+
+
+def _peak_rss_kb(daemon: Daemon) -> int:
+    """A running daemon's peak RSS so far (VmHWM), in KiB; 0 where /proc cannot tell."""
+    proc = getattr(daemon, "proc", None)
+    if proc is None:
+        return 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+KNOBS: dict[str, Any] = {}  # read by run() before the daemons' environment is scrubbed
+
+
 def run(results_dir: Path) -> list[dict[str, Any]]:
     n = _env_int("TXREPL_BENCH_SNAPSHOT_ROWS", 1_000_000)
     runs = _env_int("TXREPL_BENCH_RUNS", 1)
+    KNOBS["readers"] = _env_int("TXREPL_BENCH_SNAPSHOT_READERS", 2)
+    KNOBS["range_rows"] = _env_int("TXREPL_BENCH_SNAPSHOT_RANGE_ROWS", 1_000_000)
+    KNOBS["systems"] = [
+        s.strip()
+        for s in os.environ.get(
+            "TXREPL_BENCH_SNAPSHOT_SYSTEMS", "pg native,postgresql,sqlite,sqlite shaped"
+        ).split(",")
+    ]
     with scrubbed_bench_env():
         return _run(results_dir, n, runs)
 
@@ -287,10 +396,12 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
     base = Path(tempfile.mkdtemp(prefix="txrepl-bench-snapshot-"))
     from subscriber.apply import SparkSettings, create_spark_session
 
-    spark = create_spark_session(SparkSettings())  # for the shaped load only
+    systems = KNOBS.get("systems") or ["pg native", "postgresql", "sqlite", "sqlite shaped"]
+    # for the shaped load only
+    spark = create_spark_session(SparkSettings()) if "sqlite shaped" in systems else None
     with bench_cluster() as src, bench_cluster() as dst:
         for run_no in range(1, runs + 1):
-            for system in ("pg native", "postgresql", "sqlite", "sqlite shaped"):
+            for system in systems:
                 if system == "pg native":
                     row = pg_native(src, dst, n, run_no)
                 elif system == "sqlite shaped":
@@ -301,6 +412,18 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
                     f"  {row['system']:<17} run {run_no}: {row['rows']:,} rows in"
                     f" {row['seconds']:.2f} s = {row['rows_per_s']:,} rows/s"
                     + ("" if row["complete"] else "  INCOMPLETE")
+                    + (
+                        f"  peak RSS publisher {row['publisher_peak_rss_mb']} MB,"
+                        f" subscriber {row['subscriber_peak_rss_mb']} MB"
+                        if row.get("subscriber_peak_rss_mb")
+                        else ""
+                    )
+                    + (
+                        f"  peak RSS tablesync {row['tablesync_peak_rss_mb']} MB,"
+                        f" walsender {row['walsender_peak_rss_mb']} MB"
+                        if "tablesync_peak_rss_mb" in row
+                        else ""
+                    )
                     + (
                         f"  (publisher install of the table took {row['publisher_install_s']} s,"
                         " not counted)"
@@ -313,6 +436,8 @@ def _run(results_dir: Path, n: int, runs: int) -> list[dict[str, Any]]:
     for run_no in range(1, runs + 1):
         by = {r["system"]: r for r in rows if r["run"] == run_no}
         for system in ("txrepl postgresql", "txrepl sqlite", "txrepl sqlite shaped"):
+            if system not in by or "pg native" not in by:
+                continue
             ratio = by[system]["rows_per_s"] / by["pg native"]["rows_per_s"]
             rows.append(
                 {

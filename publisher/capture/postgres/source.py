@@ -12,14 +12,13 @@ Snapshot at a consistent seq S (the package docstring has the argument in full):
    then wait until the capture stream reaches ``C``: S = the highest seq whose
    entry's position (its commit LSN) is ``< C``.
 3. Read each table under the same snapshot (``COPY ... TO STDOUT``, one
-   connection per table, each importing the snapshot while the slot's
-   connection still holds it), then drop the temporary slot (on leaving the
-   context).
+   connection per table, or per key range of a big table, each importing the
+   snapshot while the slot's connection still holds it; several at a time:
+   _readers.py), then drop the temporary slot (on leaving the context).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -34,11 +33,10 @@ from common.rpc import txrepl_pb2 as pb
 from publisher.capture.health import CaptureHealth
 from publisher.capture.postgres._partitions import select_from
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
-from publisher.capture.postgres._pgtypes import SESSION_GUCS, to_value
+from publisher.capture.postgres._pgtypes import SESSION_GUCS
+from publisher.capture.postgres._readers import Piece, key_ranges, read_pieces
 from publisher.capture.postgres.capture import PostgresCapture
 from publisher.capture.source import Snapshot, SourceOptions
-from publisher.capture.values import rows_chunk
-from publisher.errors import SourceError
 from publisher.publication import Publication
 
 __all__ = ["RETRY", "PostgresSource"]
@@ -54,8 +52,9 @@ class PostgresSource:
 
     dialect = "postgresql"
 
-    def __init__(self, capture: PostgresCapture) -> None:
+    def __init__(self, capture: PostgresCapture, options: SourceOptions | None = None) -> None:
         self.capture = capture
+        self.options = options or SourceOptions()
 
     @classmethod
     def open(cls, url: DatabaseUrl, options: SourceOptions) -> PostgresSource:
@@ -67,7 +66,7 @@ class PostgresSource:
             max_entry_bytes=options.max_entry_bytes,
         )
         capture.check()
-        return cls(capture)
+        return cls(capture, options)
 
     @property
     def entries(self) -> int:
@@ -114,36 +113,52 @@ class PostgresSource:
                 )
                 shapes = [cap.snapshot_shape(conn, t)[0] for t in tables]
                 counts = []
-                for t in tables:
+                pieces: list[Piece] = []
+                for t, shape in zip(tables, shapes, strict=True):
                     rows = select_from(conn, t.sql)  # with its partitions (_partitions.py)
                     row = conn.execute(f"SELECT count(*) FROM {rows}").fetchone()
                     counts.append(int(row[0]) if row else 0)
+                    pieces += key_ranges(
+                        conn, t, shape, counts[-1], self.options.snapshot_range_rows
+                    )
                 conn.rollback()
             seq = cap.wait_position(pending.lsn, timeout_s)[pub.name]
             by_name: dict[str, tuple[TableName, TableShape]] = {
                 shape.schema.table: (t, shape) for t, shape in zip(tables, shapes, strict=True)
             }
 
+            def read(todo: list[Piece], chunk_rows: int, copy: bool) -> Iterator[pb.SnapshotChunk]:
+                return read_pieces(
+                    cap.dsn,
+                    pending.snapshot,
+                    todo,
+                    lambda c, t: cap.snapshot_shape(c, t)[0],
+                    copy=copy,
+                    chunk_rows=chunk_rows,
+                    readers=self.options.snapshot_readers,
+                )
+
             def chunks(schema: pb.TableSchema, chunk_rows: int) -> Iterator[pb.SnapshotChunk]:
-                t, shape = by_name[schema.table]
-                infos = shape.infos
-                with contextlib.closing(cap._read_snapshot(pending, t, lambda: None)) as it:
-                    read_shape, _ = next(it)
-                    if read_shape.schema != shape.schema:
-                        raise SourceError(f"table {t.display!r} changed while it was read")
-                    for _, rows in it:
-                        for i in range(0, len(rows), chunk_rows):
-                            part = rows[i : i + chunk_rows]
-                            chunk = rows_chunk(shape.schema.table)
-                            add = chunk.rows.rows.add
-                            for r in part:
-                                add().values.extend(
-                                    to_value(d, info) for d, info in zip(r, infos, strict=True)
-                                )
-                            yield chunk
+                return read([Piece(*by_name[schema.table])], chunk_rows, False)
+
+            def every(chunk_rows: int, copy: bool) -> Iterator[pb.SnapshotChunk]:
+                # Biggest tables first: the last reader to finish has the least left.
+                size = {t: n for t, n in zip(tables, counts, strict=True)}
+                log.info(
+                    "snapshot reading",
+                    publication=pub.name,
+                    tables=len(tables),
+                    pieces=len(pieces),
+                    readers=min(self.options.snapshot_readers, len(pieces)),
+                    copy_text=copy,
+                )
+                return read(sorted(pieces, key=lambda p: -size[p.table]), chunk_rows, copy)
 
             yield Snapshot(
-                seq, [(shape.schema, n) for shape, n in zip(shapes, counts, strict=True)], chunks
+                seq,
+                [(shape.schema, n) for shape, n in zip(shapes, counts, strict=True)],
+                chunks,
+                every,
             )
         finally:
             pending.conn.close()  # drops the temporary slot

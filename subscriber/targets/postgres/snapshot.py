@@ -196,6 +196,22 @@ class PgShadowLoader:
         except (psycopg.Error, TypeError, ValueError) as exc:
             raise self._error(f"refused the snapshot rows of table {table!r}", exc) from exc
 
+    def write_copy(self, table: str, text: bytes) -> None:
+        """Step 2: COPY text lines (the source's ``COPY ... TO STDOUT``) into a shadow.
+
+        ``FREEZE``: the shadow was created in T, so its rows can be written frozen
+        (nothing else can see them before T commits); readers after the swap then
+        find them all-visible instead of setting hint bits on every page."""
+        schema = self.schemas[table]
+        copy = sql.SQL("COPY {}.{} ({}) FROM STDIN (FREEZE)").format(
+            Q(SHADOW_SCHEMA), Q(table), sql.SQL(", ").join(Q(c.name) for c in schema.columns)
+        )
+        try:
+            with self.conn.cursor() as cur, cur.copy(copy) as cp:
+                cp.write(text)
+        except psycopg.Error as exc:
+            raise self._error(f"refused the snapshot rows of table {table!r}", exc) from exc
+
     def swap(
         self,
         subscription: str,
@@ -516,6 +532,7 @@ class PostgresSnapshotLoader:
         self.log_fields: Mapping[str, str] = {"target": "postgresql"}
         self.single_start = True
         self.prefetch = True
+        self.copy_text = True
         self.loader = PgShadowLoader(dsn, role=role)
         self.subscription = subscription
 
@@ -535,6 +552,9 @@ class PostgresSnapshotLoader:
     def write(self, table: str, rows: list[Any]) -> int:
         self.loader.write(table, rows)
         return len(rows)
+
+    def write_copy(self, table: str, text: bytes) -> None:
+        self.loader.write_copy(table, text)
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         self.loader.swap(self.subscription, start.incarnation, start.seq, recorded)

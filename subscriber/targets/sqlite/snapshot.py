@@ -96,6 +96,7 @@ class SqliteSnapshotLoader:
         self.log_fields: Mapping[str, str] = {}
         self.single_start = False
         self.prefetch = False
+        self.copy_text = False  # rows only: SQLite has no COPY
         self.spark = spark
         self.subscription = subscription
         self.schemas: dict[str, pb.TableSchema] = {}
@@ -123,6 +124,9 @@ class SqliteSnapshotLoader:
         self.conn.executemany(f"INSERT INTO {shadow} VALUES ({', '.join(marks)})", rows)
         self.conn.execute("COMMIT")
         return len(rows)
+
+    def write_copy(self, table: str, text: bytes) -> None:
+        raise SnapshotError(f"COPY text for table {table!r}: a SQLite target takes rows")
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         try:
