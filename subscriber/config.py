@@ -281,6 +281,11 @@ class SubscriberConfig:
 
     def _check_updatable(self) -> None:
         """What conflict detection does not cover yet is refused, not half done."""
+        if self.target_url.dialect not in ("sqlite", "postgresql"):
+            raise ValueError(
+                f"conflicts: conflict detection runs on SQLite and PostgreSQL targets, not "
+                f"{self.target_url.dialect}; remove conflicts from the subscription"
+            )
         if self.apply.jdbc_min_rows:
             raise ValueError(
                 "conflicts: an updatable subscription cannot stage through Spark JDBC; "

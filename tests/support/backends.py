@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,10 +108,14 @@ def _maria_backend(url: str) -> Backend:
         pytest.param("mariadb", marks=pytest.mark.mariadb),
     ]
 )
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
-    if request.param == "sqlite":
-        yield _sqlite_backend(tmp_path / "target.db")
-    elif request.param == "postgresql":
-        yield _postgres_backend(request.getfixturevalue("pg_db"))
-    else:
-        yield _maria_backend(request.getfixturevalue("maria_db"))
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    return make_backend(request.param, request, tmp_path)
+
+
+def make_backend(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """A fresh target of dialect ``kind`` (its server from the session's fixtures)."""
+    if kind == "sqlite":
+        return _sqlite_backend(tmp_path / "target.db")
+    if kind == "postgresql":
+        return _postgres_backend(request.getfixturevalue("pg_db"))
+    return _maria_backend(request.getfixturevalue("maria_db"))

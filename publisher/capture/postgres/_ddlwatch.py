@@ -21,8 +21,11 @@ the message was written); a change of the table between ``D`` and ``P`` came wit
 relation message and its schema op already, so the message then finds nothing to log.
 The argument for constraints (``common/constraints.py``) holds as for a relation
 message: the table's state at ``P`` is a state after ``D``.  The first look after
-the capture starts writes the message for every table, so a DDL made while the
-publisher was down is logged too.
+the capture starts only takes the fingerprints: a message then would be decoded
+where the stream stands (maybe well behind the catalog it read, at start-up), and
+would log a table's newer shape before rows of its older one.  So a DDL made while
+the publisher was down, with no write after it, is logged at the table's next
+change, as before the watch.
 
 Cost: one catalog query per second while idle; a DDL is noticed within about a
 second plus the decoding lag.  wal2json has no such messages: not watched.
@@ -95,7 +98,10 @@ class DdlWatch:
             rows = conn.execute(_FINGERPRINT, (list(names),)).fetchall()
         now_seen = {names[str(t)]: str(fp) for t, fp in rows}
         before = self._seen
-        moved = sorted(t for t, fp in now_seen.items() if before is None or before.get(t) != fp)
+        if before is None:  # the first look: fingerprints only (see the docstring)
+            self._seen = now_seen
+            return []
+        moved = sorted(t for t, fp in now_seen.items() if before.get(t) != fp)
         if moved:
             with self._lock:
                 conn.execute(

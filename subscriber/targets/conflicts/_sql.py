@@ -106,8 +106,16 @@ def sqlite_sql(bind: Callable[[object], object]) -> ConflictSql:
             "id INTEGER PRIMARY KEY AUTOINCREMENT," + _LOG_COLUMNS + ")",
             _VERSIONS,
         ),
-        local_begin=("DELETE FROM txrepl_applying",),
-        local_end=("INSERT INTO txrepl_applying VALUES (datetime('now'))",),
+        # The marker row (with the batch's origin: common/origin.py) is set aside
+        # while the republished row is written, then put back as it was.
+        local_begin=(
+            "CREATE TEMP TABLE IF NOT EXISTS txrepl_applying_aside AS"
+            " SELECT * FROM txrepl_applying WHERE 0",
+            "DELETE FROM temp.txrepl_applying_aside",
+            "INSERT INTO temp.txrepl_applying_aside SELECT * FROM txrepl_applying",
+            "DELETE FROM txrepl_applying",
+        ),
+        local_end=("INSERT INTO txrepl_applying SELECT * FROM temp.txrepl_applying_aside",),
         unique_keys=lambda conn, t: _sqlite_unique(conn, table(t)),
         evaluate=evaluate,
     )

@@ -7,6 +7,7 @@ import decimal
 import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply import Applier, PoisonEntryError
 from subscriber.config import ApplyConfig, SubscriptionConfig
 from subscriber.targets import attach_conflicts, updatable_options
-from tests.support.backends import Backend
+from tests.support.backends import Backend, make_backend
 from tests.support.entries import INC, ITEMS, dele, ins, schema_op, upd
 
 pytestmark = pytest.mark.spark
@@ -68,6 +69,12 @@ class Target:
 
     def close(self) -> None:
         self.writer.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    """The targets conflict detection runs on (a MariaDB one is refused at start)."""
+    return make_backend(request.param, request, tmp_path)
 
 
 @pytest.fixture

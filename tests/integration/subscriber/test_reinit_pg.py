@@ -247,14 +247,14 @@ def test_pg_target_invalid_then_reinit_killed_twice_then_valid_and_converges(
 
 
 def test_snapshot_into_an_unknown_target_kind_is_refused() -> None:
-    with pytest.raises(SnapshotError, match="SQLite file or postgresql"):
+    with pytest.raises(SnapshotError, match="snapshots load into a SQLite file, postgresql"):
         load_snapshot(
             address="127.0.0.1:1",
             publisher="p",
             publication="x",
             subscriber="s",
             subscription="p.x",
-            target="mysql://u@h/db",
+            target="oracle://u@h/db",
         )
 
 

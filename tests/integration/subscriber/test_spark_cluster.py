@@ -167,6 +167,8 @@ def test_catch_up_through_cluster(tmp_path: Path, spark_cluster_healthy: SparkCl
         pair.start_publisher()
         run_sqlite(src, w1.transactions(1500))
         start_subscriber(pair)
+        # the session starts beside the subscriptions (subscriber/apply/lazy.py)
+        wait_until(lambda: our_app(cluster) is not None, 120, f"{APP_NAME} on the cluster")
         app = our_app(cluster)
         assert app is not None, f"no {APP_NAME} on the cluster: {cluster.active_apps()}"
         assert app["cores"] >= 1, app  # executors were granted on the workers
@@ -215,7 +217,7 @@ def test_catch_up_into_postgres_through_cluster(
     try:
         pair.start_publisher()
         start_subscriber(pair)
-        assert our_app(cluster) is not None
+        wait_until(lambda: our_app(cluster) is not None, 120, f"{APP_NAME} on the cluster")
         pair.wait_caught_up(timeout=300)
         with psycopg.connect(pg_db, autocommit=True) as dst:
             problems = diff_tables(src, dst, W1_COLUMNS)

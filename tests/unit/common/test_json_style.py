@@ -19,13 +19,16 @@ TXREPL = str(Path(sys.executable).parent / "txrepl")
 
 # Every command with --json; each is run with it by a test (admin: the integration tests
 # test_admin_subscribers_cli.py / test_clients_tls.py, subscriber control:
-# test_subscriber_control.py, status: test_ops_pair.py / test_clients_tls.py).
+# test_subscriber_control.py, status: test_ops_pair.py / test_clients_tls.py; refresh-
+# and drop-snapshot, subscriber conflicts: docs/operations.md, run by test_doc_commands.py).
 JSON_COMMANDS = {
     "admin subscribers",
     "admin publications",
     "admin mark-valid",
     "admin drop-subscriber",
     "admin invalidate",
+    "admin refresh-snapshot",
+    "admin drop-snapshot",
     "status",
     "subscriber status",
     "subscriber pause",

@@ -71,3 +71,13 @@ def test_conflict_mistakes_refused_in_one_line(
         _load(tmp_path, keys, top)
     assert says in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_conflicts_on_a_mariadb_target_are_refused(tmp_path: Path) -> None:
+    """Detection runs on SQLite and PostgreSQL targets; MariaDB is refused at start."""
+    path = tmp_path / "s.toml"
+    text = BASE.format(keys='conflicts = "publisher_wins"', top="")
+    path.write_text(text.replace('"sqlite:///t.db"', '"mariadb://u@127.0.0.1:3306/db"'))
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "not mariadb; remove conflicts from the subscription" in str(err.value)
