@@ -86,6 +86,11 @@ class SubscriptionConfig:
     conflict_tables: dict[str, str] = dataclasses.field(default_factory=dict)
     # latest_commit_wins: the target's column holding each row's last change time
     conflict_time_column: str = ""
+    # Both ends of the subscription write the same rows (a pair, docs/topologies.md):
+    # a row txrepl never wrote is a local change (not trusted), and a conflict decided
+    # "ignore" leaves the key's version as it was (the publisher has not seen the row
+    # kept here, so its next change of the key is checked again).
+    conflict_pair: bool = False
 
     def __post_init__(self) -> None:
         self._check_conflicts()
@@ -112,6 +117,8 @@ class SubscriptionConfig:
             parse_table(table)
             if text != "off":
                 specs.append(parse_resolver(text, field=f"conflict_tables.{table}").text)
+        if self.conflict_pair and not self.conflicts:
+            raise ValueError("conflict_pair needs conflicts (the subscription's resolver)")
         if "latest_commit_wins" in specs and not self.conflict_time_column:
             raise ValueError(
                 "latest_commit_wins needs conflict_time_column (the target column holding "

@@ -21,3 +21,15 @@ def republish(conflict: Any) -> str:
 def bad_decision(conflict: Any) -> str:
     """A resolver that answers no decision."""
     return "maybe"
+
+
+def latest_row_wins(conflict: Any) -> str:
+    """A pair's last-writer-wins on the rows' own ``(ts, node)``, a delete beating any
+    update: the same decision on both nodes, so they converge (docs/topologies.md)."""
+    pub, loc = conflict.publisher_row, conflict.local_row
+    if loc is None:  # updated or deleted here, gone here: the delete wins
+        return "ignore"
+    if pub is None:  # deleted there
+        return "take_publisher"
+    newer = (pub["ts"], pub["node"]) > (loc["ts"], loc["node"])
+    return "take_publisher" if newer else "ignore"

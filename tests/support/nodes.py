@@ -29,6 +29,7 @@ class Node:
     pub: Daemon | None = None
     sub: Daemon | None = None
     publisher_extra: dict[str, Any] = field(default_factory=dict)
+    subscription_extra: dict[str, Any] = field(default_factory=dict)  # each subscription's
 
     def start_publisher(self) -> Daemon:
         cfg = {
@@ -53,7 +54,10 @@ class Node:
         subs = []
         for up in upstream:
             assert up.pub is not None
-            subs.append({"publisher": up.name, "address": up.pub.address, "publication": "shop"})
+            subs.append({
+                "publisher": up.name, "address": up.pub.address, "publication": "shop",
+                **self.subscription_extra,
+            })  # fmt: skip
         cfg = {
             "server_name": f"{self.name}-sub",
             "target": self.url,

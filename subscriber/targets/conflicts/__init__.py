@@ -49,7 +49,10 @@ def policies_of(subscriptions: Any) -> dict[str, ConflictPolicy]:
             for t, text in sc.conflict_tables.items()
         }
         out[sc.id] = ConflictPolicy(
-            parse_resolver(sc.conflicts, field="conflicts"), tables, sc.conflict_time_column
+            parse_resolver(sc.conflicts, field="conflicts"),
+            tables,
+            sc.conflict_time_column,
+            pair=sc.conflict_pair,
         )
     return out
 

@@ -80,6 +80,8 @@ class ConflictPolicy:
     resolver: ResolverSpec
     tables: Mapping[str, ResolverSpec | None] = field(default_factory=dict)
     time_column: str = ""
+    # A pair: a row with no version is a local change, "ignore" keeps the old version.
+    pair: bool = False
 
     def for_table(self, table: str) -> ResolverSpec | None:
         return self.tables.get(table, self.resolver)
@@ -91,6 +93,7 @@ class _Pending:
 
     step: RowsStep  # the original step (every key gets its version)
     writes: list[tuple[Row, Row | None, bool]]  # (key, row or None: delete, republish)
+    stale: set[str] = field(default_factory=set)  # keys whose version stays (a pair's ignore)
 
 
 def _rows(table: pa.Table, schema: Any, indexes: list[int]) -> list[Row]:
@@ -117,13 +120,16 @@ def _hash(row: Row) -> str:
     return hashlib.sha1((row_json(row) or "").encode()).hexdigest()
 
 
-def _kind(local: Row | None, version: str | None, born: bool, is_up: bool) -> str | None:
-    """The conflict of one key (None: none); ``version``: the recorded one, if any."""
+def _kind(
+    local: Row | None, version: str | None, born: bool, is_up: bool, unversioned: bool
+) -> str | None:
+    """The conflict of one key (None: none); ``version``: the recorded one, if any;
+    ``unversioned``: a row without one is a local change (else it is trusted)."""
     if born:
         return "insert_exists" if local is not None else None
     if local is None:
         return "update_missing" if is_up else "delete_missing"
-    if version is not None and version != _hash(local):
+    if (version is None and unversioned) or (version is not None and version != _hash(local)):
         return "update_changed" if is_up else "delete_changed"
     return None
 
@@ -216,7 +222,7 @@ class ConflictGuard:
             is_up = i < n_up
             key, local = keys[i], locals_[i]
             born = born_up[i] if is_up else born_del[i - n_up]
-            kind = _kind(local, versions[i], born, is_up)
+            kind = _kind(local, versions[i], born, is_up, policy.pair)
             other: Row | None = None
             if kind is None and is_up:
                 other = self._collision(conn, schema, pub, uniques, step_keys)
@@ -244,6 +250,8 @@ class ConflictGuard:
                 applied = conflict.publisher_row
             elif res.decision == "ignore":
                 applied = local if kind != "unique_collision" else None
+                if policy.pair:
+                    pending.stale.add(_key_text(key))
             else:
                 row = None if res.row is None else dict(res.row)
                 pending.writes.append((key, row, res.decision == "republish"))
@@ -284,6 +292,7 @@ class ConflictGuard:
         params = [
             (subscription, schema.table, _key_text(key), _hash(local) if local else ABSENT)
             for key, local in zip(keys, self._fetch_all(conn, schema, keys), strict=True)
+            if _key_text(key) not in pending.stale
         ]
         self.sql.run_many(
             conn,

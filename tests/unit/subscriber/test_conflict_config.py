@@ -51,6 +51,7 @@ def test_updatable_subscription_forms(tmp_path: Path) -> None:
         ('conflicts = "python:nosuch.mod:f"', "", "cannot load 'nosuch.mod:f'"),
         ('conflicts = "python:nomodule"', "", "write python:package.module:function"),
         ('[subscription.conflict_tables]\nt = "subscriber_wins"', "", "needs conflicts"),
+        ("conflict_pair = true", "", "conflict_pair needs conflicts"),
         (
             'conflicts = "publisher_wins"',
             "[apply]\njdbc_min_rows = 10",
