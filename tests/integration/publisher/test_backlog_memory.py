@@ -18,7 +18,7 @@ from pathlib import Path
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.log import open_log
-from tests.support.harness import Daemon, Pair, wait_until
+from tests.support.harness import Pair, wait_until
 from tests.support.rss import start_sampled
 
 MAX_ENTRY_BYTES = 1 << 20
@@ -28,17 +28,6 @@ ROWS = 400  # 40 MB of values
 # captured rows, the entry being built and the one kept back (groups.py), each about
 # max_entry_bytes as Python objects and serialized, plus allocator slack.
 ALLOWANCE_KIB = 16 * MAX_ENTRY_BYTES // 1024
-
-
-def _publisher(pair: Pair) -> Daemon:
-    """The pair's publisher, not started yet (``start_sampled`` starts it)."""
-    pair.pub = Daemon(
-        "publisher",
-        pair.write_publisher_config(),
-        pair.workdir / "publisher" / "publisher.addr",
-        pair.workdir / "publisher.log",
-    )
-    return pair.pub
 
 
 def _logged_ids(pair: Pair) -> list[int]:
@@ -66,11 +55,11 @@ def test_a_publisher_restarted_on_a_large_backlog_stays_within_its_bound(tmp_pat
     src.execute("CREATE TABLE docs(id INTEGER PRIMARY KEY, body TEXT)")
     try:
         # 1. The publisher installs capture on the empty table: its idle footprint.
-        idle = start_sampled(_publisher(pair), every=0.05)
+        pair.pub = pair.publisher_daemon()
+        idle = start_sampled(pair.pub, every=0.05)
         ready_at = len(idle.samples)
         wait_until(lambda: len(idle.samples) >= ready_at + 20, 30, "a second of idle samples")
         idle.stop()
-        assert pair.pub is not None
         pair.pub.stop()
         idle_kib = max(s[3] for s in idle.samples)
 
@@ -81,7 +70,8 @@ def test_a_publisher_restarted_on_a_large_backlog_stays_within_its_bound(tmp_pat
         assert captured >= ROWS
 
         # 3. Restarted on it: captures everything, within the bound.
-        busy = start_sampled(_publisher(pair), every=0.05)
+        pair.pub = pair.publisher_daemon()
+        busy = start_sampled(pair.pub, every=0.05)
         wait_until(
             lambda: src.execute("SELECT count(*) FROM _txrepl_capture").fetchone()[0] == 0,
             60,
