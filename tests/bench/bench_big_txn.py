@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.bench._pg import bench_cluster, pg_reason
-from tests.bench.bench_memory import Sampler
 from tests.bench.bench_w1 import _env_int, scrubbed_bench_env
 from tests.support.harness import Pair, wait_until
+from tests.support.rss import Sampler
 
 
 def _count(target: Path) -> int:

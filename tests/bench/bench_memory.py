@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -33,50 +32,8 @@ from tests.bench.bench_w1 import Source, _env_int, run_stream, scrubbed_bench_en
 from tests.support.feedclient import RawSubscriber
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
 from tests.support.reference import ReferenceTarget
+from tests.support.rss import Sampler, rss_kib
 from tests.support.workload import W1, sqlite_source
-
-
-def rss_kib(pid: int, field: str = "VmRSS") -> int:
-    """A /proc/<pid>/status memory field in KiB (VmRSS, RssAnon, RssFile)."""
-    try:
-        with open(f"/proc/{pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
-def children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
-
-
-class Sampler(threading.Thread):
-    """Samples the RSS of a process (and, if asked, of its children) until stopped."""
-
-    def __init__(self, pid: int, with_children: bool = False, every: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.with_children, self.every = pid, with_children, every
-        # (t, own VmRSS KiB, children VmRSS KiB, own RssAnon KiB)
-        self.samples: list[tuple[float, int, int, int]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        t0 = time.monotonic()
-        while not self.halt.wait(self.every):
-            kids = sum(rss_kib(c) for c in children(self.pid)) if self.with_children else 0
-            anon = rss_kib(self.pid, "RssAnon")
-            self.samples.append((time.monotonic() - t0, rss_kib(self.pid), kids, anon))
-
-    def stop(self) -> list[tuple[float, int, int, int]]:
-        self.halt.set()
-        self.join(5)
-        return self.samples
 
 
 class CountingTarget(ReferenceTarget):

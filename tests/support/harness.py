@@ -255,25 +255,33 @@ class Pair:
         path.write_text(to_toml(cfg))
         return path
 
-    def start_publisher(self, listen: str = "127.0.0.1:0") -> Daemon:
-        self.pub = Daemon(
+    def publisher_daemon(self, listen: str = "127.0.0.1:0") -> Daemon:
+        """This pair's publisher, configured, not started (``start_publisher`` starts it)."""
+        return Daemon(
             "publisher",
             self.write_publisher_config(listen),
             self.workdir / "publisher" / "publisher.addr",
             self.workdir / "publisher.log",
             env=self.env,
-        ).start()
+        )
+
+    def start_publisher(self, listen: str = "127.0.0.1:0") -> Daemon:
+        self.pub = self.publisher_daemon(listen).start()
         return self.pub
 
-    def start_subscriber(self) -> Daemon:
+    def subscriber_daemon(self) -> Daemon:
+        """This pair's subscriber (of the running publisher), configured, not started."""
         assert self.pub is not None
-        self.sub = Daemon(
+        return Daemon(
             "subscriber",
             self.write_subscriber_config(self.pub.address),
             self.workdir / "subscriber" / "subscriber.addr",
             self.workdir / "subscriber.log",
             env=self.env,
-        ).start()
+        )
+
+    def start_subscriber(self) -> Daemon:
+        self.sub = self.subscriber_daemon().start()
         return self.sub
 
     def load_snapshot(self, target: str | Path, **more: Any) -> int:
