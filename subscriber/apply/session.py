@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import structlog
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
@@ -137,7 +139,17 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    try:
+        spark = builder.getOrCreate()
+    except Exception as exc:  # pyspark raises its own runtime error class
+        if "JAVA_GATEWAY_EXITED" not in str(exc):
+            raise
+        # The launcher's JVM died before it said its port, without a word on stderr
+        # (seen a few times in a thousand starts on a busy 2-core machine, two JVMs
+        # starting at once).  A second start costs seconds; a real fault (no Java, a
+        # bad option) fails the same way again and is raised then.
+        structlog.get_logger(__name__).warning("spark start retried", error=str(exc))
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(settings.log_level.upper())
     return spark
 

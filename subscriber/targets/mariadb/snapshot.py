@@ -63,6 +63,7 @@ class MariaSnapshotLoader:
         self.log_fields: Mapping[str, str] = {}
         self.single_start = False
         self.prefetch = False
+        self.copy_text = False  # rows only: PostgreSQL COPY text is not MariaDB's
         self.subscription = subscription
         self.schemas: dict[str, pb.TableSchema] = {}
         try:
@@ -110,6 +111,9 @@ class MariaSnapshotLoader:
             (parse_table(table).flat,),
         ).fetchall()
         return [str(r[0]) for r in rows]
+
+    def write_copy(self, table: str, text: bytes) -> None:
+        raise SnapshotError(f"COPY text for table {table!r}: a MariaDB target takes rows")
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         try:

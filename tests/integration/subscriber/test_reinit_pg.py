@@ -36,11 +36,19 @@ from tests.support.workload import (
 ACCOUNTS = 50_000  # several flushes (20,000 rows each): the first kill lands mid-load
 
 
-def _bursts(src: sqlite3.Connection, w1: W1, n: int, size: int = 3) -> None:
-    """``n`` bursts of W1 transactions, apart enough to become separate entries."""
+def _bursts(
+    src: sqlite3.Connection, w1: W1, n: int, size: int = 3, pair: Pair | None = None
+) -> None:
+    """``n`` bursts of W1 transactions, apart enough to become separate entries (with
+    ``pair``: each waits for the publisher's head to move, since one capture poll
+    makes one entry of what it finds)."""
     for _ in range(n):
+        head = pair.head() if pair is not None else 0
         run_sqlite(src, w1.transactions(size))
-        time.sleep(0.03)
+        if pair is not None:
+            wait_until(lambda h=head: pair.head() > h, 30, "the burst's entry")  # type: ignore[misc]
+        else:
+            time.sleep(0.03)
 
 
 def _reinit(pair: Pair) -> subprocess.Popen[bytes]:
@@ -160,7 +168,7 @@ def test_pg_target_invalid_then_reinit_killed_twice_then_valid_and_converges(
 
         control = subscriber_control(sub.address)
         control.Pause(pb.SubscriptionRequest(subscription="pub1.shop"), timeout=10)
-        _bursts(src, w1, 12)
+        _bursts(src, w1, 12, pair=pair)
         control.Resume(pb.SubscriptionRequest(subscription="pub1.shop"), timeout=10)
         wait_until(lambda: pair.status().state == "invalid", 60, "the subscriber to be invalid")
         assert "max_delta" in pair.status().last_error
