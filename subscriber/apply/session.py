@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -139,19 +140,36 @@ def create_spark_session(settings: SparkSettings) -> SparkSession:
     builder = SparkSession.builder.master(settings.master).appName(settings.app_name)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    try:
-        spark = builder.getOrCreate()
-    except Exception as exc:  # pyspark raises its own runtime error class
-        if "JAVA_GATEWAY_EXITED" not in str(exc):
-            raise
-        # The launcher's JVM died before it said its port, without a word on stderr
-        # (seen a few times in a thousand starts on a busy 2-core machine, two JVMs
-        # starting at once).  A second start costs seconds; a real fault (no Java, a
-        # bad option) fails the same way again and is raised then.
-        structlog.get_logger(__name__).warning("spark start retried", error=str(exc))
-        spark = builder.getOrCreate()
+    spark = _start(builder)
     spark.sparkContext.setLogLevel(settings.log_level.upper())
     return spark
+
+
+# Pauses before the second and third start of a driver whose JVM died before it said
+# its port.
+_START_RETRY_PAUSES = (2.0, 5.0)
+
+
+def _start(builder: Any) -> SparkSession:
+    """``builder.getOrCreate()``, started again (twice at most) if the JVM dies at birth.
+
+    The launcher's JVM sometimes dies before it says its port, without a word on
+    stderr (seen a few times in a thousand starts on a busy 2-core machine while other
+    JVMs start or stop, twice in a row once, within a second).  A pause and another
+    start cost seconds; a real fault (no Java, a bad option) fails every time and is
+    raised after the last one.
+    """
+    log = structlog.get_logger(__name__)
+    for attempt, pause in enumerate((*_START_RETRY_PAUSES, None), start=1):
+        try:
+            spark: SparkSession = builder.getOrCreate()
+            return spark
+        except Exception as exc:  # pyspark raises its own runtime error class
+            if "JAVA_GATEWAY_EXITED" not in str(exc) or pause is None:
+                raise
+            log.warning("spark start retried", error=str(exc), attempt=attempt, pause_s=pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
 
 
 def spark_status(spark: SparkSession) -> str | None:
