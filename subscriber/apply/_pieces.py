@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._sequences import hand_positions
 from subscriber.apply.entry import AnyEntry
 from subscriber.apply.errors import ApplyError
 from subscriber.apply.writer import Step, SubscriptionState, Writer
@@ -76,6 +77,7 @@ class Pieces:
         last_seq = first_seq + len(entries) - 1
         try:
             steps, rows = self._plan(first_seq, entries, schemas)
+            hand_positions(self._writer, entries)  # sequence positions (_sequences.py)
             written: int = write(
                 self.subscription, incarnation, first_seq, last_seq, steps, commit=commit
             )

@@ -109,6 +109,7 @@ def target_schema(
         tc = out.columns.add()
         tc.CopyFrom(c)
         tc.name = opts.rename.get(c.name, c.name)
+        tc.identity = ""  # a shaped table is made plain (history rows repeat keys)
         exprs.append((tc.name, _q(c.name)))
     if opts.computed:
         frame = _source_frame(spark, source)

@@ -14,8 +14,8 @@ a plain loop, field by field, with the same rules.  The fields come out message
 by message in wire order (scattered to ``first[message] + n``, no sort).  Levels
 and what is accepted:
 
-- ``Entry``: fields 1, 4, 5, 6 (varint), 2 and 3 (length-delimited); each field 3 is
-  an op.
+- ``Entry``: fields 1, 4, 5, 6 (varint), 2, 3, 7 and 8 (length-delimited); each field
+  3 is an op.
 - ``Op``: exactly one field, 1 (RowChange), 2 (TableSchema), 3 (SqlStatement) or
   4 (ProcedureCall), length-delimited, spanning the whole op.
 - ``RowChange``: 1 (table) at most once, 2 (op) at most once as a one-byte
@@ -81,9 +81,14 @@ def _tags(*tags: int) -> np.ndarray:
     return table
 
 
-# 4-6: the group fields (common/fragments.py), read by the batcher, not here.
+# 4-6: the group fields (common/fragments.py), read by the batcher, not here; 7 (origin,
+# _origin.py) and 8 (sequence positions, _sequences.py): read from the marks, not here.
 _ENTRY_TAGS = _tags(
-    _tag(1, _VARINT), _tag(2, _LEN), _tag(3, _LEN), *(_tag(n, _VARINT) for n in (4, 5, 6))
+    _tag(1, _VARINT),
+    _tag(2, _LEN),
+    _tag(3, _LEN),
+    *(_tag(n, _VARINT) for n in (4, 5, 6)),
+    *(_tag(n, _LEN) for n in (7, 8)),
 )
 _OP_TAGS = _tags(*(_tag(n, _LEN) for n in (1, 2, 3, 4)))
 _ROW_TAGS = _tags(_tag(1, _LEN), _tag(2, _VARINT), _tag(3, _LEN), _tag(4, _LEN))

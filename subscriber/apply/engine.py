@@ -93,6 +93,7 @@ from subscriber.apply._order import ConstraintOrder
 from subscriber.apply._origin import by_origin
 from subscriber.apply._pieces import Pieces
 from subscriber.apply._plan import Planning
+from subscriber.apply._sequences import hand_positions
 from subscriber.apply.entry import AnyEntry, group_half
 from subscriber.apply.errors import (
     ApplyError,
@@ -442,6 +443,7 @@ class Applier(Planning, Pieces):
 
         def write() -> int:
             ordered = self._order.steps(steps)  # constraint-safe order (_order.py)
+            hand_positions(self._writer, entries)  # sequence positions (_sequences.py)
             return self._writer.write(self.subscription, incarnation, first_seq, last_seq, ordered)
 
         try:

@@ -2,9 +2,17 @@
 
 A relation message (or wal2json's column list) gives column names, type OIDs and typmods
 as of the decoded WAL position; the catalog adds what those lack: the primary key,
-NOT NULL, the base type of domains and the declared type's spelling.  Those come from the
+NOT NULL, the base type of domains and the declared type's spelling, identity columns
+and stored generated columns (which the decoding leaves out).  Those come from the
 *current* catalog (a historic catalog is not reachable from SQL): a primary key or NOT
 NULL changed after the decoded change and before it is decoded shows up early.
+
+Identity and generated columns (issue 19, docs/postgres.md): a column with
+``attidentity`` ``a``/``d``, or a serial one (its default draws from a sequence it owns,
+``pg_depend`` kind ``a``), is marked ``Column.identity``; a stored generated column not
+among the decoded ones travels as ``TableSchema.generated`` (name, target type, the
+expression as ``pg_get_expr`` prints it), left out when its type is no built-in one (its
+expression would not give the ``text`` a target stores such types in).
 """
 
 from __future__ import annotations
@@ -130,6 +138,20 @@ class TableShape:
     key_idx: tuple[int, ...]
 
 
+_SPECIAL: Final = """
+SELECT a.attname, a.attidentity, a.attgenerated, a.atttypid, a.atttypmod,
+       pg_get_expr(d.adbin, d.adrelid),
+       EXISTS (SELECT 1 FROM pg_depend p JOIN pg_class q ON q.oid = p.objid AND q.relkind = 'S'
+                WHERE p.refobjid = a.attrelid AND p.refobjsubid = a.attnum
+                  AND p.classid = 'pg_class'::regclass AND p.deptype = 'a')
+  FROM pg_attribute a
+  LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum
+ WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped
+   AND (a.attidentity <> '' OR a.attgenerated <> '' OR a.atthasdef)
+ ORDER BY a.attnum
+"""
+
+
 class Catalog:
     """Cached catalog queries on one connection (thread-safe through ``lock``)."""
 
@@ -195,6 +217,28 @@ class Catalog:
             }
         return pk, notnull
 
+    def special(
+        self, table: TableName, decoded: Collection[str]
+    ) -> tuple[dict[str, str], list[pb.GeneratedColumn]]:
+        """(identity kind by column, stored generated columns not in ``decoded``)."""
+        identity: dict[str, str] = {}
+        generated: list[pb.GeneratedColumn] = []
+        with self._lock:
+            rows: list[tuple[Any, ...]] = self._conn.execute(_SPECIAL, (table.sql,)).fetchall()
+            for name, ident, gen, oid, typmod, expr, serial in rows:
+                if ident or serial:
+                    identity[str(name)] = "always" if ident == "a" else "by default"
+                elif gen == "s" and name not in decoded and expr is not None:
+                    try:
+                        pg_type, builtin = pg_target_type(self._conn, int(oid), int(typmod))
+                    except UnsupportedType:
+                        continue
+                    if builtin:
+                        generated.append(
+                            pb.GeneratedColumn(name=name, pg_type=pg_type, expression=str(expr))
+                        )
+        return identity, generated
+
     def filled(self, table: TableName, names: Collection[str]) -> set[str]:
         """Those of columns ``names`` that have a default or a missing value (rows that
         existed when the column was added take it without a row change)."""
@@ -241,6 +285,14 @@ class Catalog:
         if found is not None:
             with self._lock:
                 schema.constraints.extend(read_constraints(self._conn, table.sql))
+            identity, generated = self.special(table, names)
+            for column in schema.columns:
+                column.identity = identity.get(column.name, "")
+            schema.generated.extend(generated)
         elif previous is not None:
             schema.constraints.extend(previous.schema.constraints)
+            schema.generated.extend(previous.schema.generated)
+            kept = {c.name: c.identity for c in previous.schema.columns}
+            for column in schema.columns:
+                column.identity = kept.get(column.name, "")
         return TableShape(schema, tuple(infos), tuple(names.index(k) for k in pk))

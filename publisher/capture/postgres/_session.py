@@ -56,6 +56,7 @@ from publisher.capture.postgres._pgoutput import (
 )
 from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._stale import STALE_ERRORS, StaleSnapshot
 from publisher.capture.postgres._state import (
     PendingSnapshot,
@@ -138,6 +139,7 @@ class Session:
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
         self.flusher = Flusher([p.log for p in pubs])
         self.watch = DdlWatch(cap._admin, cap._lock) if self.wal2json is None else None
+        self.sequences = SequencePositions(cap._admin, cap._lock)
 
     def close(self) -> None:
         if self.txn is not None:
@@ -153,6 +155,7 @@ class Session:
 
     def _reload(self) -> None:
         self.cap._dirty.clear()
+        self.sequences.forget()
         old = self.state
         self.state = self.cap._load(self.pubs)
         for name, ps in self.state.items():
@@ -221,6 +224,7 @@ class Session:
                     # its key stands in if the table is gone from the catalog by now
                     self.prev_shapes[ev.oid] = prev.shape
                 self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
+                self.sequences.forget()  # its columns may own other sequences now
             elif isinstance(ev, Insert | Update | Delete):
                 self._change(ev)
             elif isinstance(ev, Truncate):
@@ -308,6 +312,8 @@ class Session:
                 txn = self.txn
                 assert txn is not None
                 txn.sizes[ps.pub.name] += size
+                if rc.op == pb.ROW_OP_INSERT:
+                    txn.inserted.setdefault(ps.pub.name, {})[r.name] = None
 
     def _room(self, ps: PubState, rc: pb.RowChange, size: int, key_idx: Sequence[int]) -> bool:
         """Make room for an op of ``size`` bytes: send a fragment if it would not fit.
@@ -378,12 +384,16 @@ class Session:
         if txn is None:
             raise SourceError("commit without a transaction in the stream")
         self.txn = None
+        positions = self.sequences.read(t for ts in txn.inserted.values() for t in ts)
         for pubname, ops in txn.ops.items():
             if not ops:
                 continue
             ps = self.state[pubname]
             entry = pb.Entry(commit_time_us=ev.commit_time_us, origin=txn.origin)
             entry.ops.extend(ops)
+            if positions and pubname in txn.inserted:
+                mine = {t.display for t in txn.inserted[pubname]}
+                entry.sequences.extend(p for p in positions if p.table in mine)
             group = txn.groups.get(pubname)
             if group is not None:
                 group.add(entry, ev.commit_lsn)
@@ -483,6 +493,7 @@ class Session:
                     entry.ops.append(op)
                     size += n
                 rows += len(chunk)
+        entry.sequences.extend(self.sequences.read([tab.name]))  # _sequences.py
         pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
         self.cap.entries += 1
         tab.complete = True

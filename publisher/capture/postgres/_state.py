@@ -82,6 +82,8 @@ class Txn:
     groups: dict[str, GroupWriter] = field(default_factory=dict)
     recopy: list[tuple[str, str]] = field(default_factory=list)  # (publication, table)
     origin: str = ""  # the node txrepl's apply applied it from; "": the source's own
+    # Per publication: the tables it inserted into (their sequences: _sequences.py).
+    inserted: dict[str, dict[TableName, None]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.postgres._sequences import advance_sequences
+from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
 
@@ -37,6 +37,9 @@ class GroupWrites(HeldWrites):
 
     _held: Held
     _seqs: dict[str, list[tuple[str, str]]]  # owned sequences (_sequences.py)
+    # (table, column) -> the source's sequence position, handed by the engine before
+    # each write (subscriber/apply/_sequences.py)
+    sequence_positions: dict[tuple[str, str], int]
     _lock: threading.Lock
     _conn: psycopg.Connection[Any] | None
     conflicts: ConflictGuard | None
@@ -68,6 +71,7 @@ class GroupWrites(HeldWrites):
             advance_sequences(
                 cur, [s.schema.table for s in steps if isinstance(s, RowsStep)], self._seqs
             )
+            carry_positions(cur, self.sequence_positions, self._seqs)
             if commit:
                 seqs = (first_seq, last_seq)
                 METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)

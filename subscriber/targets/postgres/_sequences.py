@@ -20,6 +20,16 @@ sequences are moved.  What this does not carry: values the source drew and never
 (rolled back, or rows deleted before the batch that would show them), so the target's
 next id is one past the largest *present*, which may be below the source sequence's
 own position.  A rolled-back batch rolls its ``setval`` back with it.
+
+Positions carried by the publisher (:func:`carry_positions`): a PostgreSQL source
+writes its sequences' positions into the entries (publisher/capture/postgres/
+_sequences.py has when, and the ordering argument), and the engine hands the
+highest per (table, column) of a write to the writer (subscriber/apply/
+_sequences.py).  The sequence the target's own column owns (found as above) is
+moved up to the carried position, never down and never past its ``MAXVALUE``, in
+the same transaction: ids the source drew and never kept (rolled back, deleted)
+are not handed out again by a promoted target.  A column the target table lacks,
+or a target table without an owned sequence there, is skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from psycopg import sql
 
 from subscriber.targets.postgres._names import table_sql
 
-__all__ = ["advance_sequences"]
+__all__ = ["advance_sequences", "carry_positions"]
 
 _OWNED = """
 SELECT a.attname, s.seqrelid::regclass::text
@@ -46,6 +56,12 @@ SELECT a.attname, s.seqrelid::regclass::text
 """
 
 
+def _owned(cur: Any, table: str, owned: dict[str, list[tuple[str, str]]]) -> list[tuple[str, str]]:
+    if table not in owned:
+        owned[table] = cur.execute(_OWNED, (table_sql(table).as_string(cur),)).fetchall()
+    return owned[table]
+
+
 def advance_sequences(
     cur: Any, tables: Iterable[str], owned: dict[str, list[tuple[str, str]]]
 ) -> None:
@@ -53,9 +69,7 @@ def advance_sequences(
     ``owned``: the writer's cache of (column, sequence) by table."""
     for table in dict.fromkeys(tables):
         name = table_sql(table)
-        if table not in owned:
-            owned[table] = cur.execute(_OWNED, (name.as_string(cur),)).fetchall()
-        for column, seq in owned[table]:
+        for column, seq in _owned(cur, table, owned):
             cur.execute(
                 sql.SQL(
                     "SELECT setval(r, m) FROM (SELECT to_regclass(%(seq)s) AS r) q,"
@@ -65,3 +79,20 @@ def advance_sequences(
                 ).format(sql.Identifier(column), name),
                 {"seq": seq},
             )
+
+
+_CARRY = """
+SELECT setval(r, %(v)s) FROM (SELECT to_regclass(%(seq)s) AS r) q
+  JOIN pg_sequence s ON s.seqrelid = q.r
+ WHERE %(v)s <= s.seqmax AND %(v)s > coalesce(pg_sequence_last_value(q.r), s.seqstart - 1)
+"""
+
+
+def carry_positions(
+    cur: Any, positions: dict[tuple[str, str], int], owned: dict[str, list[tuple[str, str]]]
+) -> None:
+    """Move the sequences owned by (table, column) up to the carried ``positions``."""
+    for (table, column), value in positions.items():
+        for col, seq in _owned(cur, table, owned):
+            if col == column:
+                cur.execute(_CARRY, {"v": value, "seq": seq})

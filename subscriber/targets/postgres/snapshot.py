@@ -88,8 +88,9 @@ from common.names import parse_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.reinit.errors import SnapshotError
-from subscriber.targets.postgres._copy import pg_type
+from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._names import create_schema, table_sql
+from subscriber.targets.postgres._sequences import advance_sequences
 from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
 
 __all__ = ["SHADOW_SCHEMA", "PgShadowLoader", "PostgresSnapshotLoader"]
@@ -171,14 +172,7 @@ class PgShadowLoader:
                 self.schemas[schema.table] = schema
                 shadow = sql.SQL("{}.{}").format(Q(SHADOW_SCHEMA), Q(schema.table))
                 cur.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(shadow))
-                cols = sql.SQL(", ").join(
-                    sql.SQL("{} {}{}").format(
-                        Q(c.name),
-                        sql.SQL(pg_type(c, schema)),
-                        sql.SQL("" if c.nullable or c.name in schema.primary_key else " NOT NULL"),
-                    )
-                    for c in schema.columns
-                )
+                cols = sql.SQL(", ").join(column_defs(schema))  # _identity.py
                 cur.execute(sql.SQL("CREATE TABLE {} ({})").format(shadow, cols))
         except psycopg.Error as exc:
             raise self._error("cannot create the shadow tables", exc) from exc
@@ -290,6 +284,8 @@ class PgShadowLoader:
                         " the published columns, then run the reinit again)",
                         exc,
                     ) from exc
+            # identity sequences past the loaded ids (the snapshot carries no positions)
+            advance_sequences(cur, list(homes), {})
             METADATA_SQL.lock_level(cur, subscription)
             METADATA_SQL.replace_schemas(
                 cur, subscription, self.schemas if recorded is None else recorded

@@ -81,6 +81,7 @@ from subscriber.targets.postgres._constraints import PostgresOrderedTables, refu
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
 from subscriber.targets.postgres._ddl import adopt_children, follow_constraints
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
+from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
 from subscriber.targets.postgres._origin import SessionOrigin
@@ -163,6 +164,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         self._filled: set[str] = set()
         self._types: dict[str, dict[str, str]] = {}  # target column types, by table
         self._seqs: dict[str, list[tuple[str, str]]] = {}  # owned sequences (_sequences.py)
+        self.sequence_positions: dict[tuple[str, str], int] = {}  # the engine sets
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
@@ -373,14 +375,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         existing = table_types(cur, target.table)  # its columns (none: no table yet)
         if not existing:
             create_schema(cur, target.table)
-            cols = [
-                sql.SQL("{} {}{}").format(
-                    Q(c.name),
-                    sql.SQL(pg_type(c, target)),
-                    sql.SQL("" if c.nullable or c.name in target.primary_key else " NOT NULL"),
-                )
-                for c in target.columns
-            ]
+            cols = column_defs(target)  # identity and generated columns (_identity.py)
             cols.append(
                 sql.SQL("PRIMARY KEY ({})").format(
                     sql.SQL(", ").join(Q(k) for k in target.primary_key)

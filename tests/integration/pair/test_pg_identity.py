@@ -98,3 +98,62 @@ def test_identity_and_generated_columns_into_operator_tables(tmp_path: Path, pg_
     finally:
         pair.stop()
         src.close()
+
+
+SPECIAL = (
+    "SELECT attname, attidentity, attgenerated FROM pg_attribute WHERE attrelid = 'items'::regclass"
+    " AND attname IN ('id', 'total') ORDER BY attname"
+)
+
+
+def test_identity_and_generated_columns_on_tables_txrepl_creates(
+    tmp_path: Path, pg_server, spark
+) -> None:
+    """Into a target without the table: txrepl creates ``id`` as an identity (BY
+    DEFAULT: the publisher's ids are written on every path) and ``total`` as the
+    source's stored generated column, computed by the target, through the install
+    snapshot, a backlog and live batches, and again by a reinit into an empty target;
+    the promoted target's next id is the source's next id."""
+    src_dsn = pg_server.create_database()
+    dst_dsn = pg_server.create_database()
+    src = psycopg.connect(src_dsn, autocommit=True)
+    src.execute(DDL)
+    _work(src, 5, 0)
+    pair = Pair(
+        tmp_path,
+        tables=["items"],
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+    fresh = pg_server.create_database()
+    try:
+        pair.start_publisher()
+        _work(src, 20, 5)
+        pair.start_subscriber()
+        _settle(pair, src_dsn, dst_dsn)
+        for i in range(25, 30):
+            _work(src, 1, i)
+        _settle(pair, src_dsn, dst_dsn)
+        pair.load_snapshot(fresh, spark=spark)
+    finally:
+        pair.stop()
+    assert _differences(src_dsn, fresh) == []
+    want = [("id", "d", ""), ("total", "", "s")]
+    got = []
+    for dsn in (src_dsn, dst_dsn, fresh):
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            special = conn.execute(SPECIAL).fetchall()
+            top = conn.execute("SELECT max(id) FROM items").fetchone()
+            row = conn.execute(
+                "INSERT INTO items (name, qty, price) VALUES ('local', 2, 1.5) RETURNING id, total"
+            ).fetchone()
+            got.append((special, top, row))
+    src.close()
+    (_, _, source_row), (created, _, promoted_row), (reloaded, top, reinit_row) = got
+    assert created == want
+    assert reloaded == want
+    assert promoted_row == source_row  # the promoted target goes on where the source is
+    assert top is not None
+    assert source_row is not None
+    assert reinit_row == (top[0] + 1, source_row[1])  # a reinit: past every loaded id

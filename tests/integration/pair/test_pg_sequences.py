@@ -79,3 +79,71 @@ def test_a_promoted_target_hands_out_ids_past_the_replicated_ones(
     assert note is not None
     assert top is not None
     assert (item[0], note[0]) == (top[0] + 1, top[1] + 1)
+
+
+def test_the_source_sequence_position_is_carried_past_the_largest_id(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """Ids the source drew and never kept (a rolled-back insert, the newest row
+    deleted) are not handed out by the promoted target: its next id is the source's
+    next id, for tables written while replicating and for one written only before
+    the install (its position comes with the install snapshot)."""
+    src_dsn = pg_server.create_database()
+    dst_dsn = pg_server.create_database()
+    ddl = [*DDL, "CREATE TABLE quiet (id serial PRIMARY KEY, body text)"]
+    src = psycopg.connect(src_dsn, autocommit=True)
+    with psycopg.connect(dst_dsn, autocommit=True) as dst:
+        for stmt in ddl:
+            src.execute(stmt)
+            dst.execute(stmt)
+
+    def unkept(table: str, column: str) -> None:
+        """Draw ids that leave no row: a rolled-back insert, then the newest row deleted."""
+        src.execute("BEGIN")
+        src.execute(f"INSERT INTO {table} ({column}) VALUES ('gone')")
+        src.execute("ROLLBACK")  # the id stays drawn
+        src.execute(f"INSERT INTO {table} ({column}) VALUES ('kept')")
+        src.execute(f"INSERT INTO {table} ({column}) VALUES ('newest')")
+        src.execute(f"DELETE FROM {table} WHERE id = (SELECT max(id) FROM {table})")
+
+    _work(src, 0, 4)
+    unkept("quiet", "body")  # never written again
+    pair = Pair(
+        tmp_path,
+        tables=["items", "notes", "quiet"],
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+    query = (
+        "SELECT array(SELECT id FROM items ORDER BY id), array(SELECT id FROM notes ORDER BY id)"
+    )
+    query += ", array(SELECT id FROM quiet ORDER BY id)"
+
+    def differences() -> list[str]:
+        want = src.execute(query).fetchone()
+        with psycopg.connect(dst_dsn, autocommit=True) as dst:
+            have = dst.execute(query).fetchone()
+        return [] if have == want else [f"source {want}, target {have}"]
+
+    try:
+        pair.start_publisher()
+        _work(src, 4, 6)
+        unkept("items", "name")  # in the backlog
+        pair.start_subscriber()
+        settle(pair, differences)
+        unkept("notes", "body")  # live
+        _work(src, 10, 2)
+        unkept("items", "name")
+        settle(pair, differences)
+    finally:
+        pair.stop()
+    ids = {}
+    for dsn in (src_dsn, dst_dsn):  # the source, then the promoted target
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            ids[dsn] = [
+                conn.execute(f"INSERT INTO {t} ({c}) VALUES ('local') RETURNING id").fetchone()
+                for t, c in (("items", "name"), ("notes", "body"), ("quiet", "body"))
+            ]
+    src.close()
+    assert ids[dst_dsn] == ids[src_dsn]

@@ -410,3 +410,14 @@ def test_a_w1_batch_takes_the_numpy_walk(monkeypatch: pytest.MonkeyPatch) -> Non
     result = check(1, entries, schemas, ApplyOptions())
     assert calls == [walked.n_ops] * 2  # one segment, read at once (by each check)
     assert result[2] == walked.n_ops
+
+
+def test_entries_with_an_origin_and_sequence_positions_take_the_numpy_walk() -> None:
+    """Every entry of a publisher carries its origin, and a PostgreSQL source's carry
+    sequence positions: they are read from the marks, and the walk goes past them."""
+    entry = _entry(pb.RowChange(table="t", op=pb.ROW_OP_INSERT, row=[pb.Value(int=1), pb.Value()]))
+    entry.origin = "node-a"
+    entry.sequences.append(pb.SequencePosition(table="t", column="k", last_value=7))
+    walked = _walked([entry])
+    assert walked.n_ops == 1
+    assert check(1, [entry], {"t": SCHEMA}, ApplyOptions())[2] == 1
