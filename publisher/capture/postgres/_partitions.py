@@ -18,9 +18,19 @@ as one table:
   ``ONLY`` only keeps classic inheritance children out (tested: the rows of every
   partition arrive).
 * Full row images come from the leaf's replica identity, not the parent's: every
-  partition gets ``REPLICA IDENTITY FULL`` at install, and again at every start (a
-  partition attached since gets it then; until then its updates carry only its key
-  as the old image, which capture still applies: the new row is whole).
+  partition gets ``REPLICA IDENTITY FULL`` at install, and again at every start.
+  A partition created or attached while capture runs has its own (default) identity
+  until then: its updates carry only the key as the old image, which capture still
+  applies (the new row is whole), except an update that leaves a TOASTed value
+  unchanged: the value is in neither image.  Such a change is not logged; instead
+  (:func:`set_full`, from the session) the lacking partitions are given FULL and the
+  table's copy is requested as for a schema change (``_evolve.py``): the copy, taken
+  at a consistent point after that transaction, carries the value.  Between the change
+  and the copy's entries the target lacks that one update (the compromise the copies
+  of schema changes make too); rejected: failing capture for good (the previous
+  behaviour: an operator had to set FULL in the transaction that made the partition),
+  and reading the value from the source's current row (it may have changed since, and
+  a later change would then be applied over a newer value).
 * Snapshots read the parent *with* its partitions: ``FROM ONLY`` is kept for plain
   tables (rows of classic inheritance children are not published: their changes are
   not captured), dropped for a partitioned one (ONLY would read nothing).
@@ -36,7 +46,14 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-__all__ = ["leaves_identity", "publication_members", "relkind", "select_from", "via_root"]
+__all__ = [
+    "leaves_identity",
+    "publication_members",
+    "relkind",
+    "select_from",
+    "set_full",
+    "via_root",
+]
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -94,3 +111,17 @@ def publication_members(conn: Conn, publication: str) -> list[tuple[str, str]]:
             (publication,),
         ).fetchall()
     ]
+
+
+def set_full(conn: Conn, table_sql: str, lock_timeout_s: float) -> list[str]:
+    """Give FULL replica identity to the partitions of ``table_sql`` lacking it, waiting
+    at most ``lock_timeout_s`` for each; the SQL names of those that could not be."""
+    left: list[str] = []
+    for rel in leaves_identity(conn, table_sql)[1]:
+        try:
+            with conn.transaction():
+                conn.execute(f"SET LOCAL lock_timeout = '{int(lock_timeout_s * 1000)}ms'")
+                conn.execute(f"ALTER TABLE {rel} REPLICA IDENTITY FULL")
+        except psycopg.Error:
+            left.append(rel)
+    return left

@@ -76,11 +76,27 @@ def _time_us(text: str) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+# Types (and their arrays) whose typmod is the one number wal2json prints after the
+# name: char(n)/varchar(n) store n + 4, bit(n)/varbit(n) and the time types' precision n.
+_LENGTH_MOD: Final = {1042: 4, 1014: 4, 1043: 4, 1015: 4}
+_PLAIN_MOD: Final = frozenset(
+    {1560, 1561, 1562, 1563, 1083, 1183, 1266, 1270, 1114, 1115, 1184, 1185}
+)
+_ONE_MOD = re.compile(r"[^(]*\((\d+)\)")
+
+
 def _typmod(type_oid: int, type_name: str) -> int:
+    """The typmod the catalog has for a column wal2json names ``type_name`` (a relation
+    message gives it; without it, ``varchar(20)`` would read as ``varchar`` and differ
+    from the catalog's shape, which the copy after a type change compares with)."""
     if type_oid == 1700:
         m = _NUMERIC_MOD.match(type_name)
         if m:
             return ((int(m.group(1)) << 16) | int(m.group(2) or 0)) + 4
+    if type_oid in _LENGTH_MOD or type_oid in _PLAIN_MOD:
+        one = _ONE_MOD.match(type_name)
+        if one:
+            return int(one.group(1)) + _LENGTH_MOD.get(type_oid, 0)
     return -1
 
 

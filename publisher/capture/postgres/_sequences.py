@@ -77,9 +77,12 @@ class SequencePositions:
         self._lock = lock
         self._owned: dict[str, list[tuple[str, int]]] = {}
 
-    def forget(self) -> None:
-        """Read the owned sequences again (the tables' definitions may have changed)."""
-        self._owned.clear()
+    def forget(self, table: str | None = None) -> None:
+        """Read the owned sequences of ``table`` (None: of every table) again."""
+        if table is None:
+            self._owned.clear()
+        else:
+            self._owned.pop(table, None)
 
     def read(self, tables: Iterable[TableName]) -> list[pb.SequencePosition]:
         """The positions of the sequences owned by ``tables``' columns, in table order."""

@@ -38,6 +38,7 @@ from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._core import CaptureCore
 from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
 from publisher.capture.postgres._evolve import needs_copy, request_copy
+from publisher.capture.postgres._partitions import relkind, set_full
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
     UNCHANGED,
@@ -224,7 +225,7 @@ class Session:
                     # its key stands in if the table is gone from the catalog by now
                     self.prev_shapes[ev.oid] = prev.shape
                 self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
-                self.sequences.forget()  # its columns may own other sequences now
+                self.sequences.forget(self.rels[ev.oid].name.display)  # its columns changed
             elif isinstance(ev, Insert | Update | Delete):
                 self._change(ev)
             elif isinstance(ev, Truncate):
@@ -295,6 +296,8 @@ class Session:
         elif isinstance(ev, Update):
             rc.op = pb.ROW_OP_UPDATE
             new = ev.new
+            if UNCHANGED in new and ev.old is None and self._copy_instead(r, targets):
+                return
             if UNCHANGED in new:
                 new = self._fill_unchanged(r, new, ev.old)
             key_src = ev.old if ev.old is not None else new
@@ -351,6 +354,20 @@ class Session:
         self.cap.refused[name] = exc
         self.hold = self.confirmable if self.hold is None else min(self.hold, self.confirmable)
         log.error("capture refused", publication=name, table=rc.table, error=str(exc))
+
+    def _copy_instead(self, r: RelState, targets: list[tuple[PubState, TableState]]) -> bool:
+        """A partition made while capture runs lacks FULL (_partitions.py): copy the table."""
+        cap, txn = self.cap, self.txn
+        assert txn is not None
+        if any(t == r.name.display for _, t in txn.recopy):
+            return True  # copied after this transaction already
+        with cap._lock:
+            if relkind(cap._admin(), r.name.sql) != "p":
+                return False
+            left = set_full(cap._admin(), r.name.sql, cap.lock_timeout_s)
+        log.warning("partition lacking full identity: table copied", table=r.name.sql, left=left)
+        txn.recopy.extend((ps.pub.name, r.name.display) for ps, _ in targets)
+        return True
 
     def _fill_unchanged(
         self, r: RelState, new: tuple[Datum, ...], old: tuple[Datum, ...] | None

@@ -68,6 +68,16 @@ def _settle(pair: Pair, src_dsn: str, dst_dsn: str) -> None:
     )
 
 
+def _pair(tmp_path: Path, src_dsn: str, dst_dsn: str) -> Pair:
+    return Pair(
+        tmp_path,
+        tables=["items"],
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+
+
 def test_identity_and_generated_columns_into_operator_tables(tmp_path: Path, pg_server) -> None:
     """Into a target table the operator created with the source's DDL (identity ALWAYS
     key, stored generated column): rows present at install, a backlog in one batch,
@@ -80,13 +90,7 @@ def test_identity_and_generated_columns_into_operator_tables(tmp_path: Path, pg_
     src = psycopg.connect(src_dsn, autocommit=True)
     src.execute(DDL)
     _work(src, 20, 0)  # present when the table is added
-    pair = Pair(
-        tmp_path,
-        tables=["items"],
-        source_url=src_dsn,
-        target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
-    )
+    pair = _pair(tmp_path, src_dsn, dst_dsn)
     try:
         pair.start_publisher()
         _work(src, 100, 20)  # a backlog before the subscriber exists
@@ -119,13 +123,7 @@ def test_identity_and_generated_columns_on_tables_txrepl_creates(
     src = psycopg.connect(src_dsn, autocommit=True)
     src.execute(DDL)
     _work(src, 5, 0)
-    pair = Pair(
-        tmp_path,
-        tables=["items"],
-        source_url=src_dsn,
-        target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
-    )
+    pair = _pair(tmp_path, src_dsn, dst_dsn)
     fresh = pg_server.create_database()
     try:
         pair.start_publisher()

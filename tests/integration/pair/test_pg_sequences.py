@@ -30,6 +30,24 @@ def _work(conn: psycopg.Connection[Any], start: int, n: int) -> None:
                 conn.execute("DELETE FROM items WHERE id = (SELECT min(id) FROM items)")
 
 
+def _differences(src: psycopg.Connection[Any], dst_dsn: str, query: str) -> list[str]:
+    """``query``'s row on the source and the target, if they differ."""
+    want = src.execute(query).fetchone()
+    with psycopg.connect(dst_dsn, autocommit=True) as dst:
+        have = dst.execute(query).fetchone()
+    return [] if have == want else [f"source {want}, target {have}"]
+
+
+def _pair(tmp_path: Path, tables: list[str], src_dsn: str, dst_dsn: str) -> Pair:
+    return Pair(
+        tmp_path,
+        tables=tables,
+        source_url=src_dsn,
+        target_url=dst_dsn,
+        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
+    )
+
+
 def test_a_promoted_target_hands_out_ids_past_the_replicated_ones(
     tmp_path: Path, pg_server: Any
 ) -> None:
@@ -45,29 +63,17 @@ def test_a_promoted_target_hands_out_ids_past_the_replicated_ones(
             src.execute(stmt)
             dst.execute(stmt)
     _work(src, 0, 10)  # present when the tables are added
-    pair = Pair(
-        tmp_path,
-        tables=["items", "notes"],
-        source_url=src_dsn,
-        target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
-    )
+    pair = _pair(tmp_path, ["items", "notes"], src_dsn, dst_dsn)
     query = "SELECT (SELECT max(id) FROM items), (SELECT max(id) FROM notes)"
-
-    def differences() -> list[str]:
-        want = src.execute(query).fetchone()
-        with psycopg.connect(dst_dsn, autocommit=True) as dst:
-            have = dst.execute(query).fetchone()
-        return [] if have == want else [f"source {want}, target {have}"]
 
     try:
         pair.start_publisher()
         _work(src, 10, 40)  # a backlog before the subscriber exists
         pair.start_subscriber()
-        settle(pair, differences)
+        settle(pair, lambda: _differences(src, dst_dsn, query))
         for i in range(50, 60):  # live: small batches
             _work(src, i, 1)
-        settle(pair, differences)
+        settle(pair, lambda: _differences(src, dst_dsn, query))
         top = src.execute(query).fetchone()
     finally:
         pair.stop()
@@ -108,34 +114,22 @@ def test_the_source_sequence_position_is_carried_past_the_largest_id(
 
     _work(src, 0, 4)
     unkept("quiet", "body")  # never written again
-    pair = Pair(
-        tmp_path,
-        tables=["items", "notes", "quiet"],
-        source_url=src_dsn,
-        target_url=dst_dsn,
-        publisher_extra={"slot": "txrepl_" + dst_dsn.rsplit("/", 1)[-1]},
-    )
+    pair = _pair(tmp_path, ["items", "notes", "quiet"], src_dsn, dst_dsn)
     query = (
         "SELECT array(SELECT id FROM items ORDER BY id), array(SELECT id FROM notes ORDER BY id)"
     )
     query += ", array(SELECT id FROM quiet ORDER BY id)"
-
-    def differences() -> list[str]:
-        want = src.execute(query).fetchone()
-        with psycopg.connect(dst_dsn, autocommit=True) as dst:
-            have = dst.execute(query).fetchone()
-        return [] if have == want else [f"source {want}, target {have}"]
 
     try:
         pair.start_publisher()
         _work(src, 4, 6)
         unkept("items", "name")  # in the backlog
         pair.start_subscriber()
-        settle(pair, differences)
+        settle(pair, lambda: _differences(src, dst_dsn, query))
         unkept("notes", "body")  # live
         _work(src, 10, 2)
         unkept("items", "name")
-        settle(pair, differences)
+        settle(pair, lambda: _differences(src, dst_dsn, query))
     finally:
         pair.stop()
     ids = {}
