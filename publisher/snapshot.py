@@ -122,7 +122,10 @@ class SnapshotSource:
             for chunk in chunks:
                 total += len(chunk.rows.rows) + chunk.rows.copy_rows
                 yield chunk
-            yield _end_chunk(pub, snap.seq, total, started, source=self.source.dialect)
+            end = _end_chunk(pub, snap.seq, total, started, source=self.source.dialect)
+            if snap.sequences is not None:
+                end.end.sequences.extend(snap.sequences())
+            yield end
 
     def _start_chunk(
         self, pub: Publication, seq: int, tables: Iterable[tuple[pb.TableSchema, int]]

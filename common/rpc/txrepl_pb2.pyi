@@ -1243,17 +1243,26 @@ class SnapshotEnd(_message.Message):
 
     SEQ_FIELD_NUMBER: _builtins.int
     ROWS_FIELD_NUMBER: _builtins.int
+    SEQUENCES_FIELD_NUMBER: _builtins.int
     seq: _builtins.int
     rows: _builtins.int
+    @_builtins.property
+    def sequences(self) -> _containers.RepeatedCompositeFieldContainer[Global___SequencePosition]:
+        """The source's sequence positions (as Entry.sequences), read after the rows: at
+        least their positions at S.  A PostgreSQL target moves its own sequences up to
+        them with the swap.
+        """
+
     def __init__(
         self,
         *,
         seq: _builtins.int = ...,
         rows: _builtins.int = ...,
+        sequences: _abc.Iterable[Global___SequencePosition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "seq", b"seq"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["rows", b"rows", "seq", b"seq", "sequences", b"sequences"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

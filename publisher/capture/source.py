@@ -83,6 +83,8 @@ class Snapshot:
     tables: list[tuple[pb.TableSchema, int]]
     chunks: ChunkReader
     every: AllReader | None = None
+    # The source's sequence positions, read after the rows (PostgreSQL: _sequences.py)
+    sequences: Callable[[], list[pb.SequencePosition]] | None = None
 
 
 class Source(Protocol):

@@ -251,6 +251,12 @@ def _consume(
                 raise SnapshotError(
                     f"snapshot incomplete: received {received}, expected {expected}"
                 )
+            if hasattr(target, "sequence_positions"):  # PostgreSQL: moved with the swap
+                target.sequence_positions = {
+                    (p.table, p.column): p.last_value
+                    for p in chunk.end.sequences
+                    if p.table in into and into[p.table] == p.table  # not shaped
+                }
             target.swap(start, {t.schema.table: t.schema for t in start.tables})
             log.info(
                 "snapshot loaded",

@@ -35,6 +35,7 @@ from publisher.capture.postgres._partitions import select_from
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
 from publisher.capture.postgres._readers import Piece, key_ranges, read_pieces
+from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres.capture import PostgresCapture
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.publication import Publication
@@ -159,6 +160,7 @@ class PostgresSource:
                 [(shape.schema, n) for shape, n in zip(shapes, counts, strict=True)],
                 chunks,
                 every,
+                lambda: SequencePositions(cap._admin, cap._lock).read(tables),
             )
         finally:
             pending.conn.close()  # drops the temporary slot

@@ -90,7 +90,7 @@ from common.values import decode
 from subscriber.reinit.errors import SnapshotError
 from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._names import create_schema, table_sql
-from subscriber.targets.postgres._sequences import advance_sequences
+from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
 
 __all__ = ["SHADOW_SCHEMA", "PgShadowLoader", "PostgresSnapshotLoader"]
@@ -212,6 +212,7 @@ class PgShadowLoader:
         incarnation: str,
         seq: int,
         recorded: Mapping[str, pb.TableSchema] | None = None,
+        positions: Mapping[tuple[str, str], int] | None = None,
     ) -> None:
         """Steps 2 (primary keys), 3 and 4; ``recorded``: the schemas to record for the
         subscription (the published ones, when a table loads shaped; default: the
@@ -284,8 +285,10 @@ class PgShadowLoader:
                         " the published columns, then run the reinit again)",
                         exc,
                     ) from exc
-            # identity sequences past the loaded ids (the snapshot carries no positions)
-            advance_sequences(cur, list(homes), {})
+            # sequences past the loaded ids, and up to the source's positions
+            owned: dict[str, list[tuple[str, str]]] = {}
+            advance_sequences(cur, list(homes), owned)
+            carry_positions(cur, dict(positions or {}), owned)
             METADATA_SQL.lock_level(cur, subscription)
             METADATA_SQL.replace_schemas(
                 cur, subscription, self.schemas if recorded is None else recorded
@@ -531,6 +534,7 @@ class PostgresSnapshotLoader:
         self.copy_text = True
         self.loader = PgShadowLoader(dsn, role=role)
         self.subscription = subscription
+        self.sequence_positions: dict[tuple[str, str], int] = {}  # the client sets
 
     def begin(self, start: pb.SnapshotStart) -> None:
         self.loader.prepare(self.subscription, [t.schema for t in start.tables])
@@ -553,7 +557,9 @@ class PostgresSnapshotLoader:
         self.loader.write_copy(table, text)
 
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
-        self.loader.swap(self.subscription, start.incarnation, start.seq, recorded)
+        self.loader.swap(
+            self.subscription, start.incarnation, start.seq, recorded, self.sequence_positions
+        )
 
     def close(self) -> None:
         self.loader.close()

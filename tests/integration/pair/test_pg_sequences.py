@@ -93,7 +93,8 @@ def test_the_source_sequence_position_is_carried_past_the_largest_id(
     """Ids the source drew and never kept (a rolled-back insert, the newest row
     deleted) are not handed out by the promoted target: its next id is the source's
     next id, for tables written while replicating and for one written only before
-    the install (its position comes with the install snapshot)."""
+    the install (its position comes with the install snapshot); and so is a target
+    loaded by a reinit, whose tables (identity columns included) txrepl creates."""
     src_dsn = pg_server.create_database()
     dst_dsn = pg_server.create_database()
     ddl = [*DDL, "CREATE TABLE quiet (id serial PRIMARY KEY, body text)"]
@@ -130,10 +131,12 @@ def test_the_source_sequence_position_is_carried_past_the_largest_id(
         _work(src, 10, 2)
         unkept("items", "name")
         settle(pair, lambda: _differences(src, dst_dsn, query))
+        fresh = pg_server.create_database()
+        pair.load_snapshot(fresh)
     finally:
         pair.stop()
     ids = {}
-    for dsn in (src_dsn, dst_dsn):  # the source, then the promoted target
+    for dsn in (src_dsn, dst_dsn, fresh):  # the source, the promoted target, the reinit's
         with psycopg.connect(dsn, autocommit=True) as conn:
             ids[dsn] = [
                 conn.execute(f"INSERT INTO {t} ({c}) VALUES ('local') RETURNING id").fetchone()
@@ -141,3 +144,4 @@ def test_the_source_sequence_position_is_carried_past_the_largest_id(
             ]
     src.close()
     assert ids[dst_dsn] == ids[src_dsn]
+    assert ids[fresh] == ids[src_dsn]
