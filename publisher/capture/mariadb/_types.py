@@ -19,7 +19,8 @@ float (single precision)                       FLOAT        the single's exact v
                                                             binary log holds it)
 char, varchar, *text, enum                     TEXT         str (JSON is a longtext here:
                                                             its exact text)
-binary, varbinary, *blob                       BYTES        bytes (binary(n) keeps its pad)
+binary, varbinary, *blob                       BYTES        bytes (binary(n) with its pad:
+                                                            the log drops trailing zeros)
 date                                           DATE         date
 datetime                                       TIMESTAMP    naive datetime
 timestamp                                      TIMESTAMPTZ  the instant, UTC
@@ -154,7 +155,7 @@ class TableShape:
             if col is None:  # install refuses it first; a later ALTER may bring one
                 raise ValueError(refusal(table, c))
             schema.columns.append(col)
-            convert.append(converter(col))
+            convert.append(converter(col, _binary_width(c)))
         schema.primary_key.extend(key)
         names = [c.name for c in infos]
         return cls(schema, tuple(infos), tuple(convert), tuple(names.index(k) for k in key))
@@ -167,9 +168,30 @@ class TableShape:
         )
 
 
-def converter(col: pb.Column) -> Callable[[object], pb.Value]:
-    """``convert(v)``: the wire value of a binary-log or snapshot value of ``col``."""
+def _binary_width(c: ColumnInfo) -> int:
+    """n of a BINARY(n) column, else 0."""
+    if c.data_type != "binary":
+        return 0
+    return int(c.column_type.partition("(")[2].rstrip(")") or 1)
+
+
+def converter(col: pb.Column, width: int = 0) -> Callable[[object], pb.Value]:
+    """``convert(v)``: the wire value of a binary-log or snapshot value of ``col``.
+
+    ``width``: of a BINARY(n) column, whose trailing zero bytes the binary log drops
+    (a query gives them): put back.
+    """
     ctype, scale = int(col.type), col.scale
+    if ctype == T.COLUMN_TYPE_BYTES:
+
+        def raw(v: object) -> pb.Value:
+            if isinstance(v, str):  # the library gives an empty binary value as ""
+                v = v.encode("utf-8", "surrogateescape")
+            if isinstance(v, bytes) and len(v) < width:
+                v = v.ljust(width, b"\0")
+            return encode(v, ctype, scale)
+
+        return raw
     if ctype == T.COLUMN_TYPE_TIME:
 
         def time_of(v: object) -> pb.Value:
