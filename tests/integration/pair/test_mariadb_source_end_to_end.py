@@ -128,6 +128,7 @@ def test_publisher_sigkill_mid_stream_from_mariadb_loses_and_doubles_nothing(
         before = pair.head()
         wait_until(lambda: pair.head() > before + 20, 60, "capture to be streaming")
         assert writer.is_alive(), writer.error
+        assert pair.pub is not None
         pair.pub.kill()  # mid-stream: the writer never stops
         killed_at = writer.committed
         pair.start_publisher(listen=f"127.0.0.1:{port}")

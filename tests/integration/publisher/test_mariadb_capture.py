@@ -19,6 +19,7 @@ from publisher.capture import SourceOptions
 from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.errors import SourceError
+from publisher.publication import Publication
 from tests.support.pg_capture import open_pub, read_entries, row_ops, wait_for
 
 pytestmark = pytest.mark.mariadb
@@ -48,7 +49,7 @@ def _commit(url: str, *statements: str) -> None:
         conn.close()
 
 
-def _capture(url: str, tmp_path: Path, tables: list[str]) -> tuple[object, CaptureThread]:
+def _capture(url: str, tmp_path: Path, tables: list[str]) -> tuple[Publication, CaptureThread]:
     pub = open_pub(tmp_path / "logs", "p", tables)
     source = open_source(DatabaseUrl.parse(url), SourceOptions())
     source.install(pub.name, pub.log.incarnation, tables)
