@@ -238,7 +238,7 @@ def maria_source(url: str) -> Any:
     return conn
 
 
-def _maria_param(v: Any) -> Any:
+def maria_param(v: Any) -> Any:
     """W1's timestamps are ISO texts with an offset, which MariaDB does not parse."""
     if isinstance(v, str) and v.endswith("+00:00"):
         return dt.datetime.fromisoformat(v).replace(tzinfo=None)
@@ -251,7 +251,7 @@ def run_maria(conn: Any, txns: Iterator[list[Stmt]] | Sequence[list[Stmt]]) -> i
     for stmts in txns:
         with conn.cursor() as cur:
             for sql, params in stmts:
-                cur.execute(sql.replace("{p}", "%s"), tuple(_maria_param(v) for v in params))
+                cur.execute(sql.replace("{p}", "%s"), tuple(maria_param(v) for v in params))
         conn.commit()
         n += 1
     return n

@@ -172,28 +172,31 @@ class Session:
 
     def run(self, halt: threading.Event) -> None:
         cap = self.cap
-        starts = [p.position for p in self.pubs if p.position > 0]
-        start = min(starts) if starts else at_domain(catalog.gtid_position(self.conn), cap.domain)
-        self.done_seq = seq_of(start)
-        self._read_installs()
-        params = mariadb_params(cap.url, role="source")
-        params.pop("database")
-        reader = BinLogStreamReader(
-            connection_settings={**params, "read_timeout": 60},
-            server_id=random.randint(1 << 20, 1 << 30),
-            blocking=True,
-            resume_stream=True,
-            is_mariadb=True,
-            auto_position=gtid_of(cap.domain, start),
-            slave_heartbeat=HEARTBEAT_S,
-            only_events=_EVENTS,
-            only_schemas=[cap.database],
-            enable_logging=False,
-            pymysql_wrapper=_pymysql_connect,
-        )
-        self.flusher.start()
-        log.info("MariaDB capture streaming", start=gtid_of(cap.domain, start) or "(log start)")
+        reader: BinLogStreamReader | None = None
         try:
+            starts = [p.position for p in self.pubs if p.position > 0]
+            start = (
+                min(starts) if starts else at_domain(catalog.gtid_position(self.conn), cap.domain)
+            )
+            self.done_seq = seq_of(start)
+            self._read_installs()
+            params = mariadb_params(cap.url, role="source")
+            params.pop("database")
+            reader = BinLogStreamReader(
+                connection_settings={**params, "read_timeout": 60},
+                server_id=random.randint(1 << 20, 1 << 30),  # two readers: two ids
+                blocking=True,
+                resume_stream=True,
+                is_mariadb=True,
+                auto_position=gtid_of(cap.domain, start),
+                slave_heartbeat=HEARTBEAT_S,
+                only_events=_EVENTS,
+                only_schemas=[cap.database],
+                enable_logging=False,
+                pymysql_wrapper=_pymysql_connect,
+            )
+            self.flusher.start()
+            log.info("MariaDB capture streaming", start=gtid_of(cap.domain, start) or "(start)")
             cap.done_upto(self.done_seq)
             cap.health.ok()
             self._emit_snapshot()
@@ -205,7 +208,8 @@ class Session:
                     raise SourceError("the MariaDB server ended the binary log stream")
                 self._event(ev)
         finally:
-            reader.close()
+            if reader is not None:
+                reader.close()
             self.close()
 
     def close(self) -> None:
