@@ -238,6 +238,22 @@ def maria_source(url: str) -> Any:
     return conn
 
 
+def maria_commit(url: str, *statements: str) -> None:
+    """Run ``statements`` in ONE MariaDB transaction (DDL commits on its own there)."""
+    import pymysql
+
+    from common.dburl import mariadb_params
+
+    conn = pymysql.connect(**mariadb_params(url), autocommit=False)
+    try:
+        cur = conn.cursor()
+        for s in statements:
+            cur.execute(s)
+        conn.commit()
+    finally:
+        conn.close()
+
+
 def maria_param(v: Any) -> Any:
     """W1's timestamps are ISO texts with an offset, which MariaDB does not parse."""
     if isinstance(v, str) and v.endswith("+00:00"):

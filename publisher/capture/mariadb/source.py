@@ -24,7 +24,7 @@ import structlog
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.health import CaptureHealth
+from publisher.capture.health import CaptureHealth, keep_streaming
 from publisher.capture.logs import last_before
 from publisher.capture.mariadb import _catalog as catalog
 from publisher.capture.mariadb._gtid import pinned, position, seq_of
@@ -86,16 +86,13 @@ class MariadbSource:
         """Nothing is held between sessions (a session closes its own connections)."""
 
     def stream(self, pubs: Sequence[Publication], halt: threading.Event) -> None:
-        failures = 0
-        while not halt.is_set():
-            try:
-                Session(self.capture, pubs).run(halt)
-                failures = 0
-            except Exception as e:  # the server restarts, the network blips: keep trying
-                failures += 1
-                self.capture.health.failed(e)
-                log.error("MariaDB capture failed; retrying", error=str(e), failures=failures)
-                halt.wait(RETRY.delay(failures))
+        keep_streaming(
+            lambda: Session(self.capture, pubs).run(halt),
+            self.capture.health,
+            halt,
+            what="MariaDB capture",
+            retry=RETRY,
+        )
 
     @contextmanager
     def snapshot(self, pub: Publication, *, timeout_s: float = 60.0) -> Iterator[Snapshot]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from common.dburl import DatabaseUrl, mariadb_params
+from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from publisher.capture import Source, SourceOptions
@@ -25,6 +25,7 @@ from publisher.capture.thread import CaptureThread
 from publisher.errors import SourceError
 from publisher.publication import Publication
 from tests.support.pg_capture import open_pub, read_entries, row_ops, wait_for
+from tests.support.workload import maria_commit
 
 TABLE = "CREATE TABLE t(id integer PRIMARY KEY, v text)"
 
@@ -58,16 +59,7 @@ class SourceDb:
             finally:
                 conn.close()
         elif self.name == "mariadb":
-            import pymysql
-
-            maria = pymysql.connect(**mariadb_params(self.url), autocommit=False)
-            try:
-                cur = maria.cursor()
-                for s in statements:
-                    cur.execute(s)
-                maria.commit()
-            finally:
-                maria.close()
+            maria_commit(self.url.raw, *statements)
         else:
             import psycopg
 

@@ -11,16 +11,16 @@ import datetime as dt
 import decimal
 from pathlib import Path
 
-import pymysql
 import pytest
 
-from common.dburl import DatabaseUrl, mariadb_params
+from common.dburl import DatabaseUrl
 from publisher.capture import SourceOptions
 from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.errors import SourceError
 from publisher.publication import Publication
 from tests.support.pg_capture import open_pub, read_entries, row_ops, wait_for
+from tests.support.workload import maria_commit
 
 pytestmark = pytest.mark.mariadb
 
@@ -36,17 +36,6 @@ ROW = (
     " '1969-12-31', '2024-02-29 23:59:59.999999', '2024-02-29 12:00:00.123',"
     " '23:59:59.5', '-01:02:03')"
 )
-
-
-def _commit(url: str, *statements: str) -> None:
-    conn = pymysql.connect(**mariadb_params(url), autocommit=False)
-    try:
-        cur = conn.cursor()
-        for s in statements:
-            cur.execute(s)
-        conn.commit()
-    finally:
-        conn.close()
 
 
 def _capture(url: str, tmp_path: Path, tables: list[str]) -> tuple[Publication, CaptureThread]:
@@ -69,11 +58,11 @@ def test_snapshot_and_binlog_give_the_same_values_for_every_mapped_type(
     maria_db: str, tmp_path: Path
 ) -> None:
     """A row read by the install snapshot and its twin read from the binary log: equal."""
-    _commit(maria_db, TYPES, "INSERT INTO typed VALUES " + ROW.format(id=1))
+    maria_commit(maria_db, TYPES, "INSERT INTO typed VALUES " + ROW.format(id=1))
     pub, thread = _capture(maria_db, tmp_path, ["typed"])
     try:
         wait_for(lambda: len(row_ops(read_entries(pub))) >= 2, 30, "the snapshot")  # +TRUNCATE
-        _commit(maria_db, "INSERT INTO typed VALUES " + ROW.format(id=2))
+        maria_commit(maria_db, "INSERT INTO typed VALUES " + ROW.format(id=2))
         wait_for(lambda: len(row_ops(read_entries(pub))) >= 3, 30, "the streamed row")
     finally:
         _stop(thread)
@@ -124,7 +113,7 @@ def test_a_column_without_exact_carriage_is_refused_at_install_by_name(
     maria_db: str, column: str, shown: str
 ) -> None:
     """Install refuses a table with a type capture cannot carry: table, column and type."""
-    _commit(maria_db, f"CREATE TABLE odd (id INT PRIMARY KEY, {column})")
+    maria_commit(maria_db, f"CREATE TABLE odd (id INT PRIMARY KEY, {column})")
     source = open_source(DatabaseUrl.parse(maria_db), SourceOptions())
     try:
         with pytest.raises(SourceError, match=rf"table 'odd' {shown}"):
@@ -135,7 +124,7 @@ def test_a_column_without_exact_carriage_is_refused_at_install_by_name(
 
 def test_a_table_without_transactions_is_refused(maria_db: str) -> None:
     """A MyISAM table is refused: its commits and a consistent snapshot do not agree."""
-    _commit(maria_db, "CREATE TABLE plain (id INT PRIMARY KEY) ENGINE=MyISAM")
+    maria_commit(maria_db, "CREATE TABLE plain (id INT PRIMARY KEY) ENGINE=MyISAM")
     source = open_source(DatabaseUrl.parse(maria_db), SourceOptions())
     try:
         with pytest.raises(SourceError, match="'plain' uses the MyISAM engine"):
@@ -148,14 +137,14 @@ def test_an_added_column_reaches_the_log_before_the_row_that_has_it(
     maria_db: str, tmp_path: Path
 ) -> None:
     """ALTER TABLE ADD COLUMN then a row: a schema op with the new column precedes it."""
-    _commit(
+    maria_commit(
         maria_db, "CREATE TABLE t (id INT PRIMARY KEY, v TEXT)", "INSERT INTO t VALUES (1, 'a')"
     )
     pub, thread = _capture(maria_db, tmp_path, ["t"])
     try:
         wait_for(lambda: len(row_ops(read_entries(pub))) >= 2, 30, "the snapshot")
-        _commit(maria_db, "ALTER TABLE t ADD COLUMN w INT")
-        _commit(maria_db, "INSERT INTO t VALUES (2, 'b', 7)")
+        maria_commit(maria_db, "ALTER TABLE t ADD COLUMN w INT")
+        maria_commit(maria_db, "INSERT INTO t VALUES (2, 'b', 7)")
         wait_for(lambda: len(row_ops(read_entries(pub))) >= 3, 30, "the new row")
     finally:
         _stop(thread)
