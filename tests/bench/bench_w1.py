@@ -202,6 +202,7 @@ class Source:
     def __init__(self, kind: str, conn: Any) -> None:
         self.kind = kind
         self.conn = conn
+        self.executed = 0  # transactions run so far
 
     def execute(self, stmts: list[Stmt]) -> None:
         conn = self.conn
@@ -223,6 +224,7 @@ class Source:
                 cur = conn.cursor()
                 for sql, params in stmts:
                     cur.execute(sql.replace("{p}", "%s"), params)
+        self.executed += 1
 
     def durable(self, on: bool) -> None:
         """PostgreSQL: synchronous_commit for this session (off while loading a backlog)."""
@@ -752,7 +754,18 @@ class TxreplMariaPg(TxreplPg):
 
         url = self.maria.create_database()
         self.conn = maria_source(url)
-        return Source("maria", self.conn), url, url.rsplit("/", 1)[1]
+        self.source = Source("maria", self.conn)
+        return self.source, url, url.rsplit("/", 1)[1]
+
+    def wait_captured(self) -> None:
+        """Every W1 transaction is one entry (each touches orders), after the two of the
+        install snapshot (the tables are empty at install): wait for that head."""
+        from tests.support.harness import publication_head
+
+        pub = self.pub
+        assert pub is not None
+        want = self.source.executed + 2
+        wait_until(lambda: publication_head(pub.address, "shop") >= want, 1800, "capture")
 
     def teardown(self) -> None:
         sdb = self.dbs[0]
