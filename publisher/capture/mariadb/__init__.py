@@ -1,4 +1,4 @@
-"""MariaDB/MySQL source: the binary log, read through ``mysql-replication``.
+"""MariaDB source: the binary log, read through ``mysql-replication``.
 
 Modules: ``source.py`` (MariadbSource, the Source protocol), ``_stream.py`` (one
 binary-log connection: transactions to entries, install snapshots), ``_gtid.py``
@@ -8,7 +8,8 @@ binary-log connection: transactions to entries, install snapshots), ``_gtid.py``
 The server must write a row-based binary log with full images and column names:
 ``log_bin``, ``binlog_format=ROW``, ``binlog_row_image=FULL``,
 ``binlog_row_metadata=FULL``; and its GTIDs must be in one replication domain
-(``gtid_strict_mode`` recommended).  The source refuses to open otherwise, in one line.
+(``gtid_strict_mode`` recommended).  The source refuses to open otherwise, in one line,
+and on a MySQL server (its GTIDs are ``uuid:n`` sets, not read here yet).
 The binary log is read as a replica reads it (``COM_BINLOG_DUMP`` with
 ``@slave_connect_state``), so the user needs ``REPLICATION SLAVE`` and
 ``REPLICATION CLIENT`` (``BINLOG MONITOR`` on MariaDB 10.5+) besides ``SELECT``.

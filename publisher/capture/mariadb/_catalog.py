@@ -25,6 +25,7 @@ from publisher.errors import SourceError
 __all__ = [
     "INSTALLS",
     "Conn",
+    "check_server",
     "connect",
     "gtid_position",
     "mariadb_table",
@@ -59,6 +60,44 @@ def connect(url: DatabaseUrl, *, autocommit: bool = True) -> Conn:
         )
     except pymysql.MySQLError as e:
         raise SourceError(f"MariaDB source {_where(params)}: {e.args[-1]}") from e
+
+
+def check_server(conn: Conn, url: DatabaseUrl) -> int:
+    """Refuse, in one line, a server whose binary log capture cannot read; its GTID domain.
+
+    MariaDB only (MySQL's GTIDs are another format), with a row-based binary log of full
+    images and column names (package docstring).
+    """
+    where = url.raw.rsplit("@", 1)[-1]
+    with conn.cursor() as cur:
+        cur.execute("SELECT @@version, @@log_bin, @@binlog_format, @@binlog_row_image")
+        row = cur.fetchone()
+        assert row is not None
+        version, log_bin, fmt, image = (str(v) for v in row)
+        if "mariadb" not in version.lower():
+            raise SourceError(
+                f"source {where}: server {version} is not MariaDB; txrepl reads MariaDB's"
+                " binary log and GTIDs (MySQL's are not supported as a source yet)"
+            )
+        cur.execute("SELECT @@binlog_row_metadata, @@gtid_domain_id")
+        meta_row = cur.fetchone()
+        assert meta_row is not None
+        meta, domain = str(meta_row[0]), int(meta_row[1])
+    settings = {
+        "log_bin": (log_bin, "1"),
+        "binlog_format": (fmt.upper(), "ROW"),
+        "binlog_row_image": (image.upper(), "FULL"),
+        "binlog_row_metadata": (meta.upper(), "FULL"),
+    }
+    wrong = [f"{k}={have}" for k, (have, want) in settings.items() if have != want]
+    if wrong:
+        raise SourceError(
+            f"MariaDB source {where}: capture reads a row-based binary log with full row"
+            f" images and column names; the server has {', '.join(wrong)}: set log_bin,"
+            " binlog_format=ROW, binlog_row_image=FULL and binlog_row_metadata=FULL"
+            " (docs/mariadb.md) and restart it"
+        )
+    return domain
 
 
 def _where(params: dict[str, Any]) -> str:

@@ -81,21 +81,8 @@ class BinlogCapture:
         self._done = threading.Condition()
         self._done_seq = -1  # the GTID seq the session has dealt with, -1: not streaming
         with contextlib.closing(catalog.connect(url)) as conn:
-            with conn.cursor() as cur:
-                cur.execute(
-                    "SELECT @@log_bin, @@binlog_format, @@binlog_row_image, @@gtid_domain_id"
-                )
-                row = cur.fetchone()
-            assert row is not None
-            log_bin, fmt, image, default_domain = row
-            if not log_bin or str(fmt).upper() != "ROW" or str(image).upper() != "FULL":
-                raise SourceError(
-                    f"MariaDB source {url}: capture reads the binary log with full row images;"
-                    f" the server has log_bin={log_bin}, binlog_format={fmt},"
-                    f" binlog_row_image={image}: set log_bin, binlog_format=ROW and"
-                    " binlog_row_image=FULL (and binlog_row_metadata=FULL) and restart it"
-                )
-            self.domain = domain_of(catalog.gtid_position(conn), int(default_domain))
+            default_domain = catalog.check_server(conn, url)
+            self.domain = domain_of(catalog.gtid_position(conn), default_domain)
             self.database = str(conn.db.decode() if isinstance(conn.db, bytes) else conn.db)
 
     def done_upto(self, seq: int) -> None:

@@ -19,6 +19,7 @@ from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.errors import SourceError
 from publisher.publication import Publication
+from tests.fixtures.mariadb import MariaServer
 from tests.support.pg_capture import open_pub, read_entries, row_ops, wait_for
 from tests.support.workload import maria_commit
 
@@ -154,3 +155,19 @@ def test_an_added_column_reaches_the_log_before_the_row_that_has_it(
     assert ops[last_schema + 1].row.table == "t"
     assert row_ops(read_entries(pub))[-1][3] == [2, "b", 7]
     pub.log.close()
+
+
+def test_a_server_without_column_names_in_its_binary_log_is_refused_in_one_line(
+    maria_server: MariaServer, maria_db: str
+) -> None:
+    """binlog_row_metadata=MINIMAL: the source does not open, and says which setting."""
+    maria_server.execute("SET GLOBAL binlog_row_metadata = 'MINIMAL'")
+    try:
+        with pytest.raises(SourceError) as err:
+            open_source(DatabaseUrl.parse(maria_db), SourceOptions())
+    finally:
+        maria_server.execute("SET GLOBAL binlog_row_metadata = 'FULL'")
+    message = str(err.value)
+    assert "binlog_row_metadata=MINIMAL" in message
+    assert "binlog_row_metadata=FULL" in message
+    assert "\n" not in message
