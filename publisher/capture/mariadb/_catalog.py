@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import pymysql
 
 from common.dburl import DatabaseUrl, mariadb_params
-from common.names import format_table, parse_table
+from common.names import format_table, unqualified
 from publisher.capture.mariadb._types import ColumnInfo, TableShape, refusal
 from publisher.errors import SourceError
 
@@ -108,16 +108,9 @@ def _where(params: dict[str, Any]) -> str:
 def mariadb_table(spec: str) -> str:
     """The MariaDB table a configured name (common/names.py) means: one flat name."""
     try:
-        ref = parse_table(spec)
+        return unqualified(spec, "a MariaDB source publishes tables of the database its URL names")
     except ValueError as e:
         raise SourceError(str(e)) from None
-    if ref.schema is not None:
-        raise SourceError(
-            f"table {spec!r}: a MariaDB source publishes tables of the database its URL"
-            f" names; a table whose name holds a dot is written in double quotes:"
-            f" {format_table(None, ref.flat)!r}"
-        )
-    return ref.name
 
 
 def gtid_position(conn: Conn) -> str:
