@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+from urllib.parse import parse_qs, unquote, urlsplit
 
-__all__ = ["DIALECTS", "DatabaseUrl", "Dialect"]
+__all__ = ["DIALECTS", "DatabaseUrl", "Dialect", "mariadb_params"]
 
 Dialect = Literal["sqlite", "postgresql", "mariadb"]
 DIALECTS: tuple[Dialect, ...] = ("sqlite", "postgresql", "mariadb")
@@ -75,3 +76,28 @@ class DatabaseUrl:
 
     def __str__(self) -> str:
         return self.raw
+
+
+def mariadb_params(url: DatabaseUrl | str, *, role: str = "target") -> dict[str, Any]:
+    """Where a ``mariadb://`` URL connects, as PyMySQL keyword arguments.
+
+    ``user`` (default root), ``password``, ``database``, and ``unix_socket`` or
+    ``host`` / ``port`` (default 127.0.0.1:3306).  A ValueError names what is missing.
+    """
+    raw = str(url)
+    parts = urlsplit(raw)
+    database = unquote(parts.path.lstrip("/"))
+    if not database:
+        raise ValueError(f"{role} {raw!r}: name the database, mariadb://USER@HOST:PORT/DB")
+    args: dict[str, Any] = {
+        "user": unquote(parts.username or "root"),
+        "password": unquote(parts.password or ""),
+        "database": database,
+    }
+    query = parse_qs(parts.query)
+    if "unix_socket" in query:
+        args["unix_socket"] = query["unix_socket"][0]
+    else:
+        args["host"] = parts.hostname or "127.0.0.1"
+        args["port"] = parts.port or 3306
+    return args

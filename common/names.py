@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["TableRef", "format_table", "parse_table", "quote_ident"]
+__all__ = ["TableRef", "format_table", "parse_table", "quote_ident", "unqualified"]
 
 
 _HOW = (
@@ -99,3 +99,18 @@ def parse_table(text: str) -> TableRef:
     if len(parts) == 1:
         return TableRef(None, parts[0])
     return TableRef(parts[0], parts[1])
+
+
+def unqualified(spec: str, source: str) -> str:
+    """The one table a configured name means on a source whose tables have no schema.
+
+    ``source`` says which (for the message: "a SQLite source has no schemas").  A
+    ValueError when ``spec`` is malformed or names a schema.
+    """
+    ref = parse_table(spec)
+    if ref.schema is not None:
+        raise ValueError(
+            f"table {spec!r}: {source}; a table whose name holds a dot is written in"
+            f" double quotes: {format_table(None, ref.flat)!r}"
+        )
+    return ref.name

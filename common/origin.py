@@ -92,6 +92,11 @@ def check_node(name: str, field: str = "node") -> str:
 def _select(dialect: str) -> str:
     if dialect == "sqlite":
         exists = f"(SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{NODE_TABLE}')"
+    elif dialect == "mariadb":
+        exists = (
+            "(SELECT COUNT(*) FROM information_schema.tables"
+            f" WHERE table_schema = DATABASE() AND table_name = '{NODE_TABLE}')"
+        )
     else:
         exists = f"(SELECT to_regclass('{NODE_TABLE}') IS NOT NULL)"
     return f"SELECT CASE WHEN {exists} THEN 1 ELSE 0 END"

@@ -355,13 +355,7 @@ class PublisherConfig:
     @functools.cached_property
     def source_url(self) -> DatabaseUrl:
         """``source`` parsed; a SQLite path is relative to the config file's directory."""
-        url = DatabaseUrl.parse(self.source, field="source", base_dir=self.config_dir)
-        if url.dialect == "mariadb":  # a target only, so far (issue 26: the binlog source)
-            raise ValueError(
-                f"source {self.source!r}: MariaDB is a target only for now; "
-                "a source is sqlite:///PATH or postgresql://USER@HOST:PORT/DB"
-            )
-        return url
+        return DatabaseUrl.parse(self.source, field="source", base_dir=self.config_dir)
 
     def find(self, publication: str) -> PublicationConfig | None:
         return next((p for p in self.publication if p.name == publication), None)

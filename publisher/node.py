@@ -10,6 +10,7 @@ transaction of its own, before any capture is installed.
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from common.dburl import DatabaseUrl
 from common.origin import NodeMismatchError, claim_node
@@ -50,6 +51,8 @@ def _claim(url: DatabaseUrl, configured: str, default: str, record: bool) -> str
             raise SourceError(f"cannot read or record {what}: {exc}") from exc
         finally:
             conn.close()
+    if url.dialect == "mariadb":
+        return _claim_mariadb(url, configured, default, record)
     import psycopg  # deferred: only for a PostgreSQL source
 
     try:
@@ -60,3 +63,38 @@ def _claim(url: DatabaseUrl, configured: str, default: str, record: bool) -> str
         where = url.raw.rsplit("@", 1)[-1]
         what = f"the node (txrepl_node) of PostgreSQL source {where}"
         raise SourceError(f"cannot read or record {what}: {exc}") from exc
+
+
+class _Statements:
+    """``execute(sql).fetchone()`` over a PyMySQL connection, as claim_node reads it."""
+
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    def execute(self, sql: str) -> Any:
+        cur = self.conn.cursor()
+        cur.execute(sql)
+        return cur
+
+
+def _claim_mariadb(url: DatabaseUrl, configured: str, default: str, record: bool) -> str:
+    import pymysql  # deferred: only for a MariaDB source
+
+    from publisher.capture.mariadb._catalog import connect
+
+    conn = connect(url, autocommit=False)
+    try:
+        stmts = _Statements(conn)
+        stmts.execute("SELECT GET_LOCK('txrepl node', 30)")
+        try:
+            name = claim_node(stmts, "mariadb", configured, default, record=record)
+            conn.commit()
+        finally:
+            stmts.execute("SELECT RELEASE_LOCK('txrepl node')")
+        return name
+    except pymysql.MySQLError as exc:
+        where = url.raw.rsplit("@", 1)[-1]
+        what = f"the node (txrepl_node) of MariaDB source {where}"
+        raise SourceError(f"cannot read or record {what}: {exc}") from exc
+    finally:
+        conn.close()

@@ -110,6 +110,10 @@ def _read(cfg: PublisherConfig, sql: str, *, limit0: bool = False) -> Iterator[_
         finally:
             conn.close()
         return
+    if url.dialect == "mariadb":
+        raise ShapeRefused(
+            'query snapshots are not available on a MariaDB source yet (docs/mariadb.md, "Limits")'
+        )
     import psycopg  # deferred: only a PostgreSQL source needs it
 
     with psycopg.connect(url.raw, connect_timeout=10) as pg:

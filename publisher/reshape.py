@@ -72,6 +72,11 @@ def source_columns(cfg: PublisherConfig, table: str) -> tuple[list[str], list[st
         cols = [r[1] for r in rows if r[6] in (0, 2, 3)]  # not hidden virtual columns
         key = [r[1] for r in sorted(rows, key=lambda r: r[5]) if r[5]]
         return (cols, key) if rows else None
+    if url.dialect == "mariadb":
+        raise ShapeRefused(
+            f"table {table!r}: row filters, column lists and snapshot-only publications"
+            ' are not available on a MariaDB source yet (docs/mariadb.md, "Limits")'
+        )
     import psycopg  # deferred: only a PostgreSQL source needs it
 
     qualified = f"{quote_ident(ref.schema or 'public')}.{quote_ident(ref.name)}"

@@ -1,6 +1,6 @@
 """The registry of sources: a database URL's dialect -> the Source that captures it.
 
-A new source (MariaDB, say) is one package under ``publisher/capture/`` with a
+A new source is one package under ``publisher/capture/`` with a
 class implementing :class:`~publisher.capture.source.Source` and an ``open``
 factory, plus one line in :data:`SOURCES` (and its scheme in common.dburl).
 """
@@ -27,9 +27,16 @@ def _postgresql(url: DatabaseUrl, options: SourceOptions) -> Source:
     return PostgresSource.open(url, options)
 
 
+def _mariadb(url: DatabaseUrl, options: SourceOptions) -> Source:
+    from publisher.capture.mariadb import MariadbSource
+
+    return MariadbSource.open(url, options)
+
+
 SOURCES: dict[Dialect, SourceFactory] = {
     "sqlite": _sqlite,
     "postgresql": _postgresql,
+    "mariadb": _mariadb,
 }
 
 

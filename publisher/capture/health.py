@@ -24,10 +24,17 @@ the first stream started (PostgreSQL) turns it back.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-__all__ = ["FAILING_AFTER", "CaptureHealth"]
+import structlog
+
+from common.backoff import Backoff
+
+__all__ = ["FAILING_AFTER", "CaptureHealth", "keep_streaming"]
+
+log = structlog.get_logger(__name__)
 
 FAILING_AFTER = 3
 
@@ -68,3 +75,25 @@ class CaptureHealth:
         if refused is not None:
             return str(refused).splitlines()[0][:500]
         return "" if self.serving else self.last_error
+
+
+def keep_streaming(
+    run: Callable[[], None],
+    health: CaptureHealth,
+    halt: threading.Event,
+    *,
+    what: str,
+    retry: Backoff,
+) -> None:
+    """``run()`` until ``halt``; after each failure, recorded in ``health``, again after
+    ``retry``'s delay (the source restarts, the network blips: capture keeps trying)."""
+    failures = 0
+    while not halt.is_set():
+        try:
+            run()
+            failures = 0
+        except Exception as e:
+            failures += 1
+            health.failed(e)
+            log.error(f"{what} failed; retrying", error=str(e), failures=failures)
+            halt.wait(retry.delay(failures))

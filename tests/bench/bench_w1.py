@@ -33,8 +33,9 @@ Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (defaul
 ``TXREPL_BENCH_SYSTEMS`` (comma-separated, default all three; ``txrepl pg serial``,
 txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk`` and
 ``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
-index on orders) on both sides, and ``txrepl maria``, SQLite → a private MariaDB
-target (issue 26), only when named) and
+index on orders) on both sides, ``txrepl maria``, SQLite → a private MariaDB
+target, and ``txrepl maria-pg``, a private MariaDB source (its binary log) → PostgreSQL
+(issue 26), only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -58,7 +59,7 @@ from typing import Any
 
 from tests.bench._stages import StageScrape, format_stages, stage_quantiles
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
-from tests.support.workload import W1, Stmt, sqlite_source, w1_checksum
+from tests.support.workload import W1, Stmt, maria_param, sqlite_source, w1_checksum
 
 EXPECTED_T100K = {
     "transactions": 100_001,
@@ -99,7 +100,13 @@ def _env_int(name: str, default: int) -> int:
 
 SYSTEMS = ("txrepl sqlite", "pg native", "txrepl pg")
 # Not run by default: txrepl pg with the subscriber's [batch] plan_ahead off (A/B).
-EXTRA_SYSTEMS = ("txrepl pg serial", "txrepl pg fk", "txrepl pg fk+unique", "txrepl maria")
+EXTRA_SYSTEMS = (
+    "txrepl pg serial",
+    "txrepl pg fk",
+    "txrepl pg fk+unique",
+    "txrepl maria",
+    "txrepl maria-pg",
+)
 # The constraint variants of txrepl pg (issue 20), DDL run on both sides after W1's:
 # a foreign key from orders to accounts (the replica role leaves the apply path as
 # is), and with it a unique index on orders, which takes orders' rows steps to the
@@ -195,6 +202,7 @@ class Source:
     def __init__(self, kind: str, conn: Any) -> None:
         self.kind = kind
         self.conn = conn
+        self.executed = 0  # transactions run so far
 
     def execute(self, stmts: list[Stmt]) -> None:
         conn = self.conn
@@ -206,11 +214,17 @@ class Source:
                     tuple(str(v) if isinstance(v, decimal.Decimal) else v for v in params),
                 )
             conn.execute("COMMIT")
+        elif self.kind == "maria":
+            cur = conn.cursor()
+            for sql, params in stmts:
+                cur.execute(sql.replace("{p}", "%s"), tuple(maria_param(v) for v in params))
+            conn.commit()
         else:
             with conn.transaction():
                 cur = conn.cursor()
                 for sql, params in stmts:
                     cur.execute(sql.replace("{p}", "%s"), params)
+        self.executed += 1
 
     def durable(self, on: bool) -> None:
         """PostgreSQL: synchronous_commit for this session (off while loading a backlog)."""
@@ -218,6 +232,8 @@ class Source:
             self.conn.execute(f"SET synchronous_commit = {'on' if on else 'off'}")
 
     def checksum(self) -> str:
+        if self.kind == "maria":
+            self.conn.commit()  # a fresh snapshot (REPEATABLE READ)
         return w1_checksum(self.conn)
 
 
@@ -569,16 +585,23 @@ class TxreplPg(Rig):
         self.work: Path | None = None
         self.dbs: tuple[str, str] = ("", "")
 
-    def setup(self, run: int) -> Source:
+    def open_source(self, stamp: str) -> tuple[Source, str, str]:
+        """A fresh W1 source: (its Source, its URL, its database name)."""
         from tests.bench._pg import pg_source
+
+        sdb = f"w1tsrc_{stamp}"
+        src_dsn = self.src_server.create_database(sdb)
+        self.conn = pg_source(src_dsn)
+        return Source("pg", self.conn), src_dsn, sdb
+
+    def setup(self, run: int) -> Source:
         from tests.support.workload import PG_SCHEMA
 
         stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
-        sdb, ddb = f"w1tsrc_{stamp}", f"w1tdst_{stamp}"
-        src_dsn = self.src_server.create_database(sdb)
+        ddb = f"w1tdst_{stamp}"
+        source, src_dsn, sdb = self.open_source(stamp)
         dst_dsn = self.dst_server.create_database(ddb)
         self.dbs = (sdb, ddb)
-        self.conn = pg_source(src_dsn)
         import psycopg
 
         with psycopg.connect(dst_dsn, autocommit=True) as dst:
@@ -604,7 +627,7 @@ class TxreplPg(Rig):
         ).start(timeout=60)
         self.target_where = dst_dsn
         self._dst_dsn = dst_dsn
-        return Source("pg", self.conn)
+        return source
 
     def wait_captured(self) -> None:
         from tests.support.harness import publication_head
@@ -716,6 +739,41 @@ class TxreplPg(Rig):
                     server.drop_database(db)
         self.sub = self.pub = self.conn = None
         self.dbs = ("", "")
+
+
+class TxreplMariaPg(TxreplPg):
+    """A MariaDB source (its binary log) → txrepl → a PostgreSQL target (issue 26)."""
+
+    def __init__(self, base: Path, maria: Any, src_server: Any, dst_server: Any) -> None:
+        super().__init__(base, src_server, dst_server)
+        self.name = "txrepl maria-pg"
+        self.maria = maria
+
+    def open_source(self, stamp: str) -> tuple[Source, str, str]:
+        from tests.support.workload import maria_source
+
+        url = self.maria.create_database()
+        self.conn = maria_source(url)
+        self.source = Source("maria", self.conn)
+        return self.source, url, url.rsplit("/", 1)[1]
+
+    def wait_captured(self) -> None:
+        """Every W1 transaction is one entry (each touches orders), after the two of the
+        install snapshot (the tables are empty at install): wait for that head."""
+        from tests.support.harness import publication_head
+
+        pub = self.pub
+        assert pub is not None
+        want = self.source.executed + 2
+        wait_until(lambda: publication_head(pub.address, "shop") >= want, 1800, "capture")
+
+    def teardown(self) -> None:
+        sdb = self.dbs[0]
+        self.dbs = ("", self.dbs[1])
+        super().teardown()
+        if sdb:
+            with contextlib.suppress(Exception):
+                self.maria.drop_database(sdb)
 
 
 def txrepl_pg_support(rig: TxreplPg) -> str | None:
@@ -1144,6 +1202,17 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 measure(TxreplPg(base, src_server, dst_server, plan_ahead=False))
                 for variant in VARIANTS:
                     measure(TxreplPg(base, src_server, dst_server, variant=variant))
+                if "txrepl maria-pg" in cfg.systems:
+                    from tests.fixtures.mariadb import maria_available, start_maria_instance
+
+                    why_not = maria_available()
+                    if why_not is not None:
+                        skipped.append(
+                            {"system": "txrepl maria-pg", "measure": "all", "skipped": why_not}
+                        )
+                    else:
+                        with start_maria_instance() as maria:
+                            measure(TxreplMariaPg(base, maria, src_server, dst_server))
             else:
                 skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
     res.rows.extend(skipped)

@@ -212,3 +212,62 @@ def run_pg(conn: Any, txns: Iterator[list[Stmt]] | Sequence[list[Stmt]]) -> int:
                 conn.execute(sql.replace("{p}", "%s"), params)
         n += 1
     return n
+
+
+MARIA_SCHEMA = [
+    "CREATE TABLE IF NOT EXISTS accounts(id BIGINT PRIMARY KEY, owner TEXT NOT NULL,"
+    " balance BIGINT NOT NULL, updated_at TIMESTAMP(6) NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS orders(id BIGINT PRIMARY KEY, account_id BIGINT NOT NULL,"
+    " amount DECIMAL(12,2) NOT NULL, status TEXT NOT NULL, note TEXT)",
+]
+
+
+def maria_source(url: str) -> Any:
+    """Connect (transactions, UTC) to a MariaDB database and create the W1 schema."""
+    import pymysql
+
+    from common.dburl import mariadb_params
+
+    conn = pymysql.connect(
+        **mariadb_params(url), autocommit=False, init_command="SET time_zone = '+00:00'"
+    )
+    with conn.cursor() as cur:
+        for statement in MARIA_SCHEMA:
+            cur.execute(statement)
+    conn.commit()
+    return conn
+
+
+def maria_commit(url: str, *statements: str) -> None:
+    """Run ``statements`` in ONE MariaDB transaction (DDL commits on its own there)."""
+    import pymysql
+
+    from common.dburl import mariadb_params
+
+    conn = pymysql.connect(**mariadb_params(url), autocommit=False)
+    try:
+        cur = conn.cursor()
+        for s in statements:
+            cur.execute(s)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def maria_param(v: Any) -> Any:
+    """W1's timestamps are ISO texts with an offset, which MariaDB does not parse."""
+    if isinstance(v, str) and v.endswith("+00:00"):
+        return dt.datetime.fromisoformat(v).replace(tzinfo=None)
+    return v
+
+
+def run_maria(conn: Any, txns: Iterator[list[Stmt]] | Sequence[list[Stmt]]) -> int:
+    """Run each transaction as one MariaDB transaction; returns the count."""
+    n = 0
+    for stmts in txns:
+        with conn.cursor() as cur:
+            for sql, params in stmts:
+                cur.execute(sql.replace("{p}", "%s"), tuple(maria_param(v) for v in params))
+        conn.commit()
+        n += 1
+    return n

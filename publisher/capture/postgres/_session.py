@@ -4,7 +4,8 @@
 transaction into one entry per publication that has a table it touched, logs
 install snapshots when the stream crosses their consistent point, resolves
 ``wait_position`` marks, and confirms the slot only past durable entries.
-:class:`Flusher` makes the appends durable in rounds while decoding goes on.
+:class:`~publisher.capture.logs.Flusher` makes the appends durable in rounds while
+decoding goes on.
 The argument for order and exactly-once is in the package docstring.
 
 Large transactions (issue 21, ``common/fragments.py``): a transaction's ops for
@@ -35,6 +36,7 @@ from common.constraints import for_publication
 from common.origin import node_of_pg_origin
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.groups import GroupWriter
+from publisher.capture.logs import Flusher, last_before
 from publisher.capture.postgres._core import CaptureCore
 from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
 from publisher.capture.postgres._evolve import needs_copy, request_copy
@@ -68,51 +70,11 @@ from publisher.capture.postgres._state import (
     format_lsn,
 )
 from publisher.errors import RowTooLarge, SourceError, key_text
-from publisher.log import Log, LogError
 from publisher.publication import Publication
 
 __all__ = ["Flusher", "Session", "last_before"]
 
 log = structlog.get_logger(__name__)
-
-
-class Flusher(threading.Thread):
-    """Makes a session's appends durable, and visible to feeds, while it decodes on.
-
-    :meth:`kick` after an append; each round flushes every log (a no-op for a log with
-    nothing pending), taking along whatever was appended during the previous fsync.
-    A failed log stops the flusher with ``error`` set; the session raises it.
-    """
-
-    def __init__(self, logs: Sequence[Log]) -> None:
-        super().__init__(name="txrepl-pg-capture-flush", daemon=True)
-        self.logs = list(logs)
-        self.error: LogError | None = None
-        self._kicked = threading.Event()
-        self._stopping = False
-
-    def kick(self) -> None:
-        self._kicked.set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._kicked.set()
-        if self.is_alive():
-            self.join()
-
-    def run(self) -> None:
-        while True:
-            self._kicked.wait()
-            self._kicked.clear()
-            if self._stopping:
-                return
-            try:
-                for lg in self.logs:
-                    lg.flush()
-            except LogError as e:
-                self.error = e
-                log.error("capture: publication log flush failed", error=str(e))
-                return
 
 
 class Session:
@@ -562,28 +524,6 @@ class Session:
         self.cur.send_feedback(flush_lsn=lsn, write_lsn=lsn)
         self.confirmed = lsn
         self.last_feedback = now
-
-
-def last_before(pub: Publication, lsn: int) -> int:
-    """The highest seq whose entry's source position is below ``lsn``.
-
-    Positions never decrease along a log (commit LSNs in commit order; an install
-    snapshot's ``C - 2``/``C - 1`` sit between the commits before and after ``C``;
-    a ``Publish`` entry repeats the current position), so this walks back from the
-    head over the entries appended since the stream passed ``lsn`` (usually none).
-    The seq returned is a group's last (common/fragments.py): the fragments before
-    it carry the position before their transaction, which may be below ``lsn``
-    while the transaction commits after it.
-    """
-    log_ = pub.log
-    seq = log_.head
-    while seq >= max(1, log_.first_seq):
-        (payload,) = log_.read(seq, max_entries=1)
-        entry = pb.Entry.FromString(payload)
-        if int(entry.source_position or 0) < lsn and not entry.continued:
-            break
-        seq -= 1
-    return seq
 
 
 def _text(d: Datum) -> str | None:

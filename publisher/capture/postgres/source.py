@@ -30,7 +30,7 @@ from psycopg import sql
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.health import CaptureHealth
+from publisher.capture.health import CaptureHealth, keep_streaming
 from publisher.capture.postgres._partitions import select_from
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgtypes import SESSION_GUCS
@@ -88,16 +88,13 @@ class PostgresSource:
         self.capture.close()
 
     def stream(self, pubs: Sequence[Publication], halt: threading.Event) -> None:
-        failures = 0
-        while not halt.is_set():
-            try:
-                self.capture.run(pubs, halt)
-                failures = 0
-            except Exception as e:  # the source restarts, the network blips: keep trying
-                failures += 1
-                self.capture.health.failed(e)
-                log.error("PostgreSQL capture failed; retrying", error=str(e), failures=failures)
-                halt.wait(RETRY.delay(failures))
+        keep_streaming(
+            lambda: self.capture.run(pubs, halt),
+            self.capture.health,
+            halt,
+            what="PostgreSQL capture",
+            retry=RETRY,
+        )
 
     @contextmanager
     def snapshot(self, pub: Publication, *, timeout_s: float = 60.0) -> Iterator[Snapshot]:

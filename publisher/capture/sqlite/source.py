@@ -35,7 +35,7 @@ import structlog
 
 from common.backoff import Backoff
 from common.dburl import DatabaseUrl
-from common.names import format_table, parse_table
+from common.names import format_table, parse_table, unqualified
 from common.rpc import txrepl_pb2 as pb
 from common.values import sqlite_text_factory
 from publisher.capture.groups import GroupWriter
@@ -60,15 +60,9 @@ RETRY = Backoff(initial_s=0.2, max_s=5.0, jitter=0.0)
 def sqlite_table(spec: str) -> str:
     """The SQLite table a configured name (common/names.py) means: no schema."""
     try:
-        ref = parse_table(spec)
+        return unqualified(spec, "a SQLite source has no schemas")
     except ValueError as e:
         raise SourceError(str(e)) from None
-    if ref.schema is not None:
-        raise SourceError(
-            f"table {spec!r}: a SQLite source has no schemas; a table whose name holds a dot"
-            f" is written in double quotes: {format_table(None, ref.flat)!r}"
-        )
-    return ref.name
 
 
 class SqliteSource:

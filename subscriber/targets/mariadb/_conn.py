@@ -24,11 +24,10 @@ retries them, on a new connection); everything else is the target refusing the b
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import pymysql
 
-from common.dburl import DatabaseUrl
+from common.dburl import DatabaseUrl, mariadb_params
 
 __all__ = ["SESSION", "connect", "connect_args", "is_transient"]
 
@@ -48,27 +47,13 @@ _TRANSIENT = {1205, 1213, 1053, 2003, 2006, 2013, 2055}
 
 def connect_args(url: DatabaseUrl | str) -> dict[str, Any]:
     """PyMySQL's keyword arguments for ``url``; a ValueError names what is missing."""
-    raw = str(url)
-    parts = urlsplit(raw)
-    database = unquote(parts.path.lstrip("/"))
-    if not database:
-        raise ValueError(f"target {raw!r}: name the database, mariadb://USER@HOST:PORT/DB")
-    args: dict[str, Any] = {
-        "user": unquote(parts.username or "root"),
-        "password": unquote(parts.password or ""),
-        "database": database,
+    return {
+        **mariadb_params(url),
         "charset": "utf8mb4",
         "autocommit": False,
         "local_infile": True,
         "init_command": SESSION,
     }
-    query = parse_qs(parts.query)
-    if "unix_socket" in query:
-        args["unix_socket"] = query["unix_socket"][0]
-    else:
-        args["host"] = parts.hostname or "127.0.0.1"
-        args["port"] = parts.port or 3306
-    return args
 
 
 def connect(url: DatabaseUrl | str) -> pymysql.connections.Connection[Any]:

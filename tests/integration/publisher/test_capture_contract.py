@@ -1,9 +1,10 @@
-"""The capture contract, run against every source (SQLite, PostgreSQL) through ``Source``.
+"""The capture contract, run against every source (SQLite, PostgreSQL, MariaDB) through ``Source``.
 
 Each test gets a ``db``: one real source database of some dialect, a way to commit
 statements in ONE transaction, and a way to open a fresh :class:`Source` on it
 (through the dialect registry, as the daemon does).  Nothing is mocked: the
-PostgreSQL variant runs on the private server of tests/fixtures/postgres.py.
+PostgreSQL variant runs on the private server of tests/fixtures/postgres.py, the
+MariaDB one on the private mariadbd of tests/fixtures/mariadb.py (binary log on).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from publisher.capture.thread import CaptureThread
 from publisher.errors import SourceError
 from publisher.publication import Publication
 from tests.support.pg_capture import open_pub, read_entries, row_ops, wait_for
+from tests.support.workload import maria_commit
 
 TABLE = "CREATE TABLE t(id integer PRIMARY KEY, v text)"
 
@@ -56,6 +58,8 @@ class SourceDb:
                 conn.execute("COMMIT")
             finally:
                 conn.close()
+        elif self.name == "mariadb":
+            maria_commit(self.url.raw, *statements)
         else:
             import psycopg
 
@@ -67,13 +71,21 @@ class SourceDb:
         return open_source(self.url, SourceOptions(slot=self.slot, poll_interval_s=0.005))
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=[
+        "sqlite",
+        pytest.param("postgresql", marks=pytest.mark.postgres),
+        pytest.param("mariadb", marks=pytest.mark.mariadb),
+    ]
+)
 def db(request: pytest.FixtureRequest, tmp_path: Path) -> SourceDb:
     if request.param == "sqlite":
         path = tmp_path / "source.db"
         with sqlite3.connect(path) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
         url = DatabaseUrl.parse(f"sqlite:///{path}")
+    elif request.param == "mariadb":
+        url = DatabaseUrl.parse(request.getfixturevalue("maria_db"))
     else:
         url = DatabaseUrl.parse(request.getfixturevalue("pg_db"))
     source_db = SourceDb(request.param, url, "contract")

@@ -67,9 +67,9 @@ def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> 
         ),
         (PUB.replace('server_name = "pub1"', ""), "server_name", "required key is missing"),
         (
-            PUB.replace("sqlite:///src.db", "mariadb://root@127.0.0.1/shop"),
+            PUB.replace("sqlite:///src.db", "mariadb://root@127.0.0.1"),
             "source",
-            "MariaDB is a target only for now",
+            "name the database",
         ),
     ],
 )
