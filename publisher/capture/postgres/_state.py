@@ -14,6 +14,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.calls import CallScope
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import Relation
@@ -82,6 +83,7 @@ class Txn:
     groups: dict[str, GroupWriter] = field(default_factory=dict)
     recopy: list[tuple[str, str]] = field(default_factory=list)  # (publication, table)
     origin: str = ""  # the node txrepl's apply applied it from; "": the source's own
+    calls: dict[str, CallScope] = field(default_factory=dict)  # per publication (calls.py)
 
 
 @dataclass(slots=True)
