@@ -136,6 +136,10 @@ class PublicationConfig:
     # start, every refresh_every_s if > 0, and on demand) carries their whole contents.
     snapshot_only: bool = False
     refresh_every_s: float = 0.0
+    # Procedure calls captured at the source (publisher/capture/calls.py): the names
+    # whose calls, made through common/calls.py, this publication carries in place of
+    # their row changes.
+    procedures: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         _check_name("publication name", self.name)
@@ -155,6 +159,12 @@ class PublicationConfig:
                     )
         if self.refresh_every_s < 0:
             raise ValueError("refresh_every_s must not be negative")
+        for proc in self.procedures:
+            if not proc or proc != proc.strip() or proc.count(".") > 1:
+                raise ValueError(
+                    f"procedures: {proc!r} is not a procedure name (name or schema.name, "
+                    "as the application calls it)"
+                )
         if self.refresh_every_s and not self.snapshot_only:
             raise ValueError("refresh_every_s is for snapshot_only publications: set both")
         snaps = [str(parse_table(q.table)) for q in self.snapshot]

@@ -10,6 +10,8 @@ JSON object with an ``action``::
        unchanged TOASTed columns are left out of "columns"
     D  {"schema", "table", "identity"}
     T  {"schema", "table"}
+    M  {"transactional", "prefix", "content"}: a logical message (only transactional
+       ones are kept: procedure call marks, common/calls.py)
 
 wal2json has no relation messages: the adapter keeps each table's column list (names,
 type OIDs, declared types) and emits a :class:`Relation` with a stable per-table OID
@@ -38,6 +40,7 @@ from publisher.capture.postgres._pgoutput import (
     Delete,
     Event,
     Insert,
+    Message,
     ProtocolError,
     Relation,
     RelColumn,
@@ -158,8 +161,9 @@ class Wal2JsonDecoder:
                 known, _ = self._relation(key, [])
                 yield known
             yield Truncate((known.oid,), cascade=False, restart_identity=False)
-        elif action == "M":
-            return
+        elif action == "M":  # procedure call marks (common/calls.py) are text
+            if msg.get("transactional"):
+                yield Message(True, str(msg["prefix"]), str(msg["content"]).encode())
         else:
             raise ProtocolError(f"unknown wal2json action {action!r}")
 

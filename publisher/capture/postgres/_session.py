@@ -32,9 +32,11 @@ from typing import Any
 
 import structlog
 
+from common.calls import BEGIN_PREFIX, END_PREFIX
 from common.constraints import for_publication
 from common.origin import node_of_pg_origin
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.calls import CallScope, read_call
 from publisher.capture.groups import GroupWriter
 from publisher.capture.logs import Flusher, last_before
 from publisher.capture.postgres._core import CaptureCore
@@ -75,6 +77,8 @@ from publisher.publication import Publication
 __all__ = ["Flusher", "Session", "last_before"]
 
 log = structlog.get_logger(__name__)
+
+_MARKS = (BEGIN_PREFIX, END_PREFIX)  # procedure call marks (common/calls.py)
 
 
 class Session:
@@ -196,6 +200,8 @@ class Session:
                 self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
             elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
                 self._ddl(ev.content.decode())
+            elif isinstance(ev, Message) and ev.prefix in _MARKS and self.txn is not None:
+                self._call(ev)
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -206,7 +212,34 @@ class Session:
             if tab.complete
             and txn.final_lsn > ps.pub.position
             and ps.pub.name not in self.cap.refused
+            and not (txn.calls and txn.calls[ps.pub.name].hiding)
         ]
+
+    def _call(self, ev: Message) -> None:
+        """A procedure call's mark (publisher/capture/calls.py): record the call where
+        it stands for the publications that carry it; they hide its rows until its end."""
+        txn = self.txn
+        assert txn is not None
+        if ev.prefix == END_PREFIX:
+            for scope in txn.calls.values():
+                scope.end()
+            return
+        call = read_call(ev.content)
+        for name, ps in self.state.items():
+            scope = txn.calls.setdefault(name, CallScope(ps.pub.config.procedures))
+            ready = (
+                txn.final_lsn > ps.pub.position
+                and name not in self.cap.refused
+                and bool(ps.tables)
+                and all(t.complete for t in ps.tables.values())
+            )
+            if scope.begin(call, ready):
+                assert call is not None
+                op = pb.Op(call=call)
+                size = op.ByteSize() + 6
+                if self._room(ps, pb.RowChange(table=f"call {call.name}"), size, ()):
+                    txn.ops.setdefault(name, []).append(op)
+                    txn.sizes[name] += size
 
     def _shape(self, r: RelState) -> TableShape:
         if r.shape is None:

@@ -14,6 +14,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.calls import CallScope
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import Relation
@@ -84,6 +85,7 @@ class Txn:
     origin: str = ""  # the node txrepl's apply applied it from; "": the source's own
     # Per publication: the tables it inserted into (their sequences: _sequences.py).
     inserted: dict[str, dict[TableName, None]] = field(default_factory=dict)
+    calls: dict[str, CallScope] = field(default_factory=dict)  # per publication (calls.py)
 
 
 @dataclass(slots=True)

@@ -9,7 +9,7 @@ the source database, written by triggers in the writer's own transaction::
                     pub TEXT,        -- NULL: every publication holding tbl;
                                      -- else only this publication (snapshots)
                     tbl TEXT, op TEXT,   -- 'I' 'U' 'D' row changes, 'S' schema,
-                                         -- 'T' truncate (a rebuilt table)
+                                         -- 'T' truncate, 'C' 'E' call marks
                     k, v,            -- k: old primary key, v: new row, each a
                                      -- packed image (shapes.py; images.py reads
                                      -- it); for 'S', v is a serialized
@@ -58,6 +58,7 @@ from pathlib import Path
 
 import structlog
 
+from common.calls import parse_call
 from common.constraints import same_shape
 from common.names import format_table
 from common.origin import ensure_applying
@@ -503,6 +504,9 @@ class SqliteCapture:
             if r.id <= after_id:
                 continue
             last = r.id
+            if r.op == "C":  # a call this publication records (publisher/capture/calls.py)
+                room(pb.Op(call=parse_call(r.v)))  # type: ignore[arg-type]
+                continue
             added = tables.get(r.tbl)
             if added is None or r.id < added:
                 continue

@@ -38,6 +38,7 @@ from common.dburl import DatabaseUrl
 from common.names import format_table, parse_table, unqualified
 from common.rpc import txrepl_pb2 as pb
 from common.values import sqlite_text_factory
+from publisher.capture.calls import CallScope, read_call
 from publisher.capture.groups import GroupWriter
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
@@ -167,6 +168,8 @@ class SqliteSource:
             upto = cap.max_id()
         installed: dict[str, dict[str, int]] | None = None
         groups = {p.name: GroupWriter(p) for p in live}
+        # the calls open in the poll's transactions (a poll reads whole ones: calls.py)
+        scopes = {p.name: CallScope(p.config.procedures) for p in live}
         ends = {p.name: p.position for p in live}
         after = min(p.position for p in live)
         read = 0
@@ -188,7 +191,8 @@ class SqliteSource:
                 for pub in live:
                     if pub.name in self.refused:
                         continue
-                    self._build(pub, groups[pub.name], rows, ends, installed, origin)
+                    scope = scopes[pub.name]
+                    self._build(pub, groups[pub.name], rows, ends, installed, origin, scope)
                 after = rows[-1].id
             appended = sum(
                 groups[p.name].finish(ends[p.name]) for p in live if p.name not in self.refused
@@ -218,18 +222,22 @@ class SqliteSource:
         ends: dict[str, int],
         installed: dict[str, dict[str, int]],
         origin: str | None,
+        scope: CallScope,
     ) -> None:
         """Add ``pub``'s entries of one chunk to its group; refuse it on a row too large."""
+        tables = installed.get(pub.name, {})
         try:
             entries, last = self.capture.build_entries(
-                pub.name, rows, ends[pub.name], installed.get(pub.name, {}), self.max_entry_bytes
-            )
+                pub.name, _calls(scope, rows, ends[pub.name], tables), ends[pub.name], tables,
+                self.max_entry_bytes,
+            )  # fmt: skip
         except RowTooLarge as exc:
             self.refused[pub.name] = exc
             self.capture.forget(pub.name)
             group.abort()
             log.error("capture refused", publication=pub.name, table=exc.table, error=str(exc))
             return
+        last = max(last, rows[-1].id)  # past the hidden rows and marks too
         for entry in entries:
             entry.origin = origin or ""  # "": the source's own node (Publication.append)
             group.add(entry, last)
@@ -307,3 +315,24 @@ class SqliteSource:
         for s in schemas:  # entries and snapshots carry the wire's form (common/names.py)
             s.table = format_table(None, s.table)
         return seq, schemas, counts
+
+
+def _calls(
+    scope: CallScope, rows: list[CapturedRow], after: int, tables: dict[str, int]
+) -> Iterator[CapturedRow]:
+    """``rows`` as one publication sees them (publisher/capture/calls.py): the begin
+    marks it records (``'C'``, made into call ops by ``build_entries``), no end marks,
+    no row changes of a call it records.  Ready: the call came after the publication's
+    last table was installed (its ``added_id``)."""
+    ready_after = max(tables.values(), default=None)
+    for r in rows:
+        if r.id <= after:
+            continue
+        if r.op == "C":
+            ready = ready_after is not None and r.id > ready_after
+            if scope.begin(read_call(r.v), ready):
+                yield r
+        elif r.op == "E":
+            scope.end()
+        elif not (scope.hiding and r.pub is None and r.op in ("I", "U", "D")):
+            yield r

@@ -55,6 +55,16 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         control = subscriber_control(sub.address)
         listed_rpc = control.ListErrors(pb.SubscriptionRequest(subscription="pub1.shop"))
         assert [(e.seq, e.status) for e in listed_rpc.errors] == [(int(seq), "skipped")]
+        # The same through the CLI and the running daemon's control service.
+        ctl = ("--control", sub.address)
+        by_daemon = txrepl_cli("subscriber", "errors", "list", *ctl, "--json")
+        assert by_daemon.returncode == 0, by_daemon.stderr
+        [listed_by_daemon] = json.loads(by_daemon.stdout)["errors"]
+        assert (listed_by_daemon["seq"], listed_by_daemon["status"]) == (int(seq), "skipped")
+        refused_cli = txrepl_cli("subscriber", "errors", "retry", "pub1.shop", seq, *ctl)
+        assert refused_cli.returncode != 0
+        assert "UNIQUE" in refused_cli.stderr
+        assert len(refused_cli.stderr.strip().splitlines()) == 1, refused_cli.stderr
         retry = pb.ErrorRequest(subscription="pub1.shop", seq=int(seq))
         # Before the fix, the control service's retry fails in one line, changing nothing.
         with pytest.raises(grpc.RpcError) as refused:
@@ -65,7 +75,8 @@ def test_poisoned_entry_re_executed_after_later_entries(tmp_path: Path) -> None:
         # The cause fixed: the entry is re-executed, out of order, in its own transaction.
         with sqlite3.connect(str(pair.target_path)) as tgt:
             tgt.execute("DROP INDEX one_v")
-        control.RetryError(retry)
+        retried = txrepl_cli("subscriber", "errors", "retry", "pub1.shop", seq, *ctl)
+        assert retried.returncode == 0, retried.stderr
         assert _rows(pair.target_path) == _rows(pair.source_path)
         assert pair.status().level == head
         # Once: neither the CLI's retry nor a skip touches an applied entry.
