@@ -223,6 +223,25 @@ def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Arra
     )
 
 
+def _binary(cells: list[bytes]) -> pa.Array:
+    """ONE Arrow binary array of ``cells``: their bytes joined once, no builder.
+
+    ``pa.array(cells)`` grows its buffer by doubling (reallocations held by
+    Arrow's pool): about 3.5 times a column of large values at its peak.
+    """
+    if any(c is None for c in cells):
+        raise _Bad
+    offsets = np.zeros(len(cells) + 1, np.int64)
+    np.cumsum([len(c) for c in cells], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise _Bad
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(cells),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(cells))],
+    )
+
+
 def decode_column(ctype: int, cells: list[bytes] | pa.Array) -> tuple[pa.Array, np.ndarray] | None:
     """The typed in-flight Arrow column of serialized ``Value`` cells, or None.
 
@@ -245,7 +264,7 @@ def _decode(
 ) -> tuple[pa.Array, np.ndarray]:
     number, wire = spec
     n = len(cells)
-    arr = cells if isinstance(cells, pa.Array) else pa.array(cells, pa.binary())
+    arr = cells if isinstance(cells, pa.Array) else _binary(cells)
     if not isinstance(arr, pa.Array) or arr.offset or arr.type != pa.binary() or arr.null_count:
         raise _Bad
     offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1).astype(np.int64)
