@@ -165,7 +165,7 @@ class BatchConfig:
     """How entries are grouped into one apply (one target transaction)."""
 
     max_entries: int = 64_000
-    max_bytes: int = 64 * 1024 * 1024
+    max_bytes: int = 16 * 1024 * 1024  # issue 21: large values, docs/benchmarks.md
     queue_batches: int = 16  # received batches waiting to be applied (back-pressure)
     # No longer used (issue 23): an apply takes whatever arrived while the previous one
     # ran, at once (natural batching, subscriber/batcher.py).  Still accepted, so a

@@ -100,25 +100,31 @@ class _Bad(Exception):
     """The cells are not in the form this module decodes."""
 
 
-def _varints(data: np.ndarray, ends: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _varints(data: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Decode the varints starting at positions ``at``: (values as uint64, next positions).
 
-    ``ends`` are the positions of the bytes without continuation bit, sorted.
+    Reads at most 10 bytes from each ``at``, one round per byte over the varints
+    not ended yet: work and memory in the number of varints, not in ``data``'s
+    size (issue 21: the positions of every byte without continuation bit,
+    searched before, took 8 bytes per byte of a column of large text values).
+    A varint running past ``data``'s end, or longer than 10 bytes, is not read.
     """
-    if at.size == 0:
-        return np.zeros(0, np.uint64), at
-    k = np.searchsorted(ends, at)
-    if k.max(initial=0) >= ends.size:
+    value = np.zeros(at.size, np.uint64)
+    end = at.copy()
+    more = np.arange(at.size)
+    for i in range(10):
+        if not more.size:
+            return value, end
+        pos = at[more] + i
+        if pos.max() >= data.size:
+            raise _Bad
+        b = data[pos]
+        value[more] |= (b & 0x7F).astype(np.uint64) << np.uint64(7 * i)
+        end[more] = pos + 1
+        more = more[b >= 0x80]
+    if more.size:
         raise _Bad
-    last = ends[k]
-    m = last - at + 1
-    if m.max() > 10:
-        raise _Bad
-    first = np.cumsum(m) - m
-    local = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(first, m)
-    idx = np.repeat(at, m) + local
-    contrib = (data[idx] & 0x7F).astype(np.uint64) << (7 * local).astype(np.uint64)
-    return np.add.reduceat(contrib, first), last + 1
+    return value, end
 
 
 def _unzigzag(v: np.ndarray) -> np.ndarray:
@@ -217,6 +223,25 @@ def gather(data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> pa.Arra
     )
 
 
+def _binary(cells: list[bytes]) -> pa.Array:
+    """ONE Arrow binary array of ``cells``: their bytes joined once, no builder.
+
+    ``pa.array(cells)`` grows its buffer by doubling (reallocations held by
+    Arrow's pool): about 3.5 times a column of large values at its peak.
+    """
+    if any(c is None for c in cells):
+        raise _Bad
+    offsets = np.zeros(len(cells) + 1, np.int64)
+    np.cumsum([len(c) for c in cells], out=offsets[1:])
+    if offsets[-1] >= 2**31:
+        raise _Bad
+    return pa.Array.from_buffers(
+        pa.binary(),
+        len(cells),
+        [None, pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(b"".join(cells))],
+    )
+
+
 def decode_column(ctype: int, cells: list[bytes] | pa.Array) -> tuple[pa.Array, np.ndarray] | None:
     """The typed in-flight Arrow column of serialized ``Value`` cells, or None.
 
@@ -239,22 +264,22 @@ def _decode(
 ) -> tuple[pa.Array, np.ndarray]:
     number, wire = spec
     n = len(cells)
-    arr = cells if isinstance(cells, pa.Array) else pa.array(cells, pa.binary())
+    arr = cells if isinstance(cells, pa.Array) else _binary(cells)
     if not isinstance(arr, pa.Array) or arr.offset or arr.type != pa.binary() or arr.null_count:
         raise _Bad
     offsets = np.frombuffer(arr.buffers()[1], np.int32, n + 1).astype(np.int64)
     raw = arr.buffers()[2]
-    data = np.zeros(int(offsets[-1]) + 1, np.uint8)  # one pad byte: tags read safely
-    if raw is not None:
-        data[:-1] = np.frombuffer(raw, np.uint8, int(offsets[-1]))
+    total = int(offsets[-1])
+    # The cells' bytes in place (no copy: a column of large values is read, not
+    # duplicated); a single zero byte when every cell is empty.
+    data = np.frombuffer(raw, np.uint8, total) if total else np.zeros(1, np.uint8)
     starts = offsets[:-1]
     sizes = offsets[1:] - starts
-    tags = np.where(sizes > 0, data[starts], 0)
+    tags = np.where(sizes > 0, data[np.minimum(starts, data.size - 1)], 0)
     valid = tags == ((number << 3) | wire)
     null = (sizes == 0) | ((tags == _NULL_TAG) & (sizes == 2))
     if not (valid | null).all():
         raise _Bad
-    ends = np.flatnonzero(data[:-1] < 0x80)
     at = starts[valid] + 1
     stop = offsets[1:][valid]
     if ctype == T.COLUMN_TYPE_FLOAT:
@@ -264,7 +289,7 @@ def _decode(
         out[valid] = data[at[:, None] + np.arange(8)].copy().view("<f8").ravel()
         return pa.Array.from_buffers(pa.float64(), n, [_validity(valid), pa.py_buffer(out)]), valid
     if wire == _VARINT:
-        v, nxt = _varints(data, ends, at)
+        v, nxt = _varints(data, at)
         if not (nxt == stop).all():
             raise _Bad
         if ctype == T.COLUMN_TYPE_BOOLEAN:
@@ -281,18 +306,18 @@ def _decode(
                 pa.date32(), n, [_validity(valid), pa.py_buffer(days)]
             ), valid
         return pa.Array.from_buffers(pa.int64(), n, [_validity(valid), pa.py_buffer(vals)]), valid
-    length, body = _varints(data, ends, at)
+    length, body = _varints(data, at)
     length = length.astype(np.int64)
     if not (body + length == stop).all():
         raise _Bad
     if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
-        return _timestamptz(data, ends, valid, body, stop), valid
+        return _timestamptz(data, valid, body, stop), valid
     atype = pa.binary() if ctype == T.COLUMN_TYPE_BYTES else pa.string()
     return _strings(atype, data, valid, body, length), valid
 
 
 def _timestamptz(
-    data: np.ndarray, ends: np.ndarray, valid: np.ndarray, body: np.ndarray, stop: np.ndarray
+    data: np.ndarray, valid: np.ndarray, body: np.ndarray, stop: np.ndarray
 ) -> pa.Array:
     """``utc_us`` and ``offset_s`` of TimestampTz bodies, as a two-column struct array."""
     n = valid.size
@@ -302,7 +327,7 @@ def _timestamptz(
     pos = body.copy()
     for number, out in ((1, utc), (2, off)):
         has = (pos < stop) & (data[np.minimum(pos, data.size - 1)] == ((number << 3) | _VARINT))
-        v, nxt = _varints(data, ends, pos[has] + 1)
+        v, nxt = _varints(data, pos[has] + 1)
         out[has] = v
         pos[has] = nxt
     if not (pos == stop).all():
