@@ -27,7 +27,7 @@ refuses a row the source accepted: ``common/constraints.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -39,7 +39,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import WriterError
 from subscriber.targets.postgres._names import table_sql
 
-__all__ = ["adopt_children", "follow_constraints"]
+__all__ = ["adopt_children", "create_constraints", "follow_constraints", "source_names"]
 
 Q = sql.Identifier
 FK = pb.CONSTRAINT_KIND_FOREIGN_KEY
@@ -112,6 +112,34 @@ def adopt_children(
             c.kind == FK and c.ref_table == table for c in child.constraints
         ):
             follow_constraints(cur, child, child, not_valid=True)
+
+
+def source_names(schema: pb.TableSchema | None) -> set[str]:
+    """The names the target gives ``schema``'s constraints and indexes (none: no schema)."""
+    return {c.name for c in schema.constraints} if schema is not None else set()
+
+
+def create_constraints(cur: psycopg.Cursor[Any], schemas: Sequence[pb.TableSchema]) -> None:
+    """Tables created together, rows and all (a reinit's swap): give each its source
+    constraints.  Every table's own ones first (UNIQUE, CHECK, indexes), then the
+    foreign keys, so the UNIQUE a key references exists when the key is added.
+    A foreign key the rows violate is added ``NOT VALID``: the rows are the
+    source's at one seq, so the source holds the orphans too (a SQLite source with
+    ``foreign_keys`` off, a key ``NOT VALID`` on the source) and the target must
+    take them; PostgreSQL still checks the application's own later writes."""
+    for schema in schemas:
+        own = pb.TableSchema()
+        own.CopyFrom(schema)
+        del own.constraints[:]
+        own.constraints.extend(c for c in schema.constraints if c.kind != FK)
+        follow_constraints(cur, own, None)
+    for schema in schemas:
+        try:
+            follow_constraints(cur, schema, None)  # the keys (the rest have their names)
+        except WriterError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+                raise
+            follow_constraints(cur, schema, None, not_valid=True)
 
 
 def _index_name(table: str, c: pb.TableConstraint) -> sql.Identifier:

@@ -30,7 +30,7 @@ from common.names import parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import WriterError
 
-__all__ = ["follow_indexes", "foreign_keys"]
+__all__ = ["follow_indexes", "foreign_keys", "index_names"]
 
 _ACTIONS = frozenset({"CASCADE", "SET NULL", "SET DEFAULT", "RESTRICT"})
 
@@ -55,6 +55,18 @@ def foreign_keys(schema: pb.TableSchema) -> list[str]:
 
 def _index_name(c: pb.TableConstraint) -> str:
     return quote_ident("txrepl_" + c.name if c.name.startswith("sqlite_") else c.name)
+
+
+def index_names(schema: pb.TableSchema | None) -> set[str]:
+    """The names of the indexes a SQLite target gives ``schema``'s UNIQUE constraints
+    and indexes (none: no schema)."""
+    if schema is None:
+        return set()
+    return {
+        "txrepl_" + c.name if c.name.startswith("sqlite_") else c.name
+        for c in schema.constraints
+        if c.kind in (pb.CONSTRAINT_KIND_UNIQUE, pb.CONSTRAINT_KIND_INDEX)
+    }
 
 
 def follow_indexes(
