@@ -43,7 +43,12 @@ from common.values import decode
 from subscriber.apply.errors import WriterError
 from subscriber.apply.session import arrow_frame
 from subscriber.reinit.errors import SnapshotError
-from subscriber.targets.sqlite._ddl import follow_indexes, foreign_keys, index_names
+from subscriber.targets.sqlite._ddl import (
+    follow_clauses,
+    follow_indexes,
+    index_names,
+    table_clauses,
+)
 from subscriber.targets.sqlite.writer import (
     METADATA_SQL,
     SqliteWriter,
@@ -179,8 +184,7 @@ def _swap(
             if row[0] != "index" or row[1] not in source
         ]
         plain = {t: s for t, s in tables.items() if recorded.get(s.table) == s}
-        for table in tables:
-            _replace(conn, table, plain.get(table))
+        kept = {table: _replace(conn, table, plain.get(table)) for table in tables}
         for kind, name, table, statement in carried:
             try:
                 conn.execute(statement)
@@ -191,6 +195,9 @@ def _swap(
                 ) from exc
         for table, schema in plain.items():
             try:
+                old = before.get(schema.table)
+                if old is not None and kept.get(table):
+                    follow_clauses(conn, schema, old, table)
                 follow_indexes(conn, schema, None, quote(table))
             except WriterError as exc:
                 raise SnapshotError(
@@ -208,7 +215,7 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f"PRAGMA table_info({quote(table)})")]
 
 
-def _replace(conn: sqlite3.Connection, table: str, schema: pb.TableSchema | None) -> None:
+def _replace(conn: sqlite3.Connection, table: str, schema: pb.TableSchema | None) -> bool:
     """Put the shadow of ``table`` in its place.  An old table with the same columns
     keeps its own definition (UNIQUE, CHECK, REFERENCES, collations written in its
     CREATE TABLE): it is re-created from that SQL and the rows copied in.  Otherwise
@@ -222,10 +229,10 @@ def _replace(conn: sqlite3.Connection, table: str, schema: pb.TableSchema | None
     cols = _columns(conn, SHADOW_PREFIX + table)
     keep = found is not None and found[0] is not None and _columns(conn, table) == cols
     conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
-    fks = foreign_keys(schema) if schema is not None and not keep else []
+    fks = table_clauses(schema) if schema is not None and not keep else []
     if not keep and not fks:
         conn.execute(f"ALTER TABLE {shadow} RENAME TO {quote(table)}")
-        return
+        return False
     names = ", ".join(quote(c) for c in cols)
     try:
         conn.execute(found[0] if keep or schema is None else _ddl(table, schema, fks))
@@ -236,3 +243,4 @@ def _replace(conn: sqlite3.Connection, table: str, schema: pb.TableSchema | None
             f" {exc}; change the table's definition, then run the reinit again"
         ) from exc
     conn.execute(f"DROP TABLE {shadow}")
+    return keep

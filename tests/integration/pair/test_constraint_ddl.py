@@ -338,3 +338,97 @@ def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, k
     finally:
         pair.stop()
         src.close()
+
+
+REBUILT = """
+CREATE TABLE parent(id INTEGER PRIMARY KEY, name TEXT);
+CREATE TABLE items(id INTEGER PRIMARY KEY, email TEXT, qty INTEGER, pid INTEGER);
+INSERT INTO parent VALUES (1, 'p1'), (2, 'p2');
+INSERT INTO items VALUES (1, 'e1', 1, 1), (2, 'e2', 2, 2), (3, 'e3', 3, 1);
+"""
+# The application changes a table's CHECKs and foreign keys the SQLite way: a new
+# table, the rows copied, the old one dropped, the new one renamed.
+_REBUILD = (
+    "BEGIN; CREATE TABLE items_new(id INTEGER PRIMARY KEY, email TEXT, qty INTEGER{check},"
+    " pid INTEGER{fk}); INSERT INTO items_new SELECT * FROM items; DROP TABLE items;"
+    " ALTER TABLE items_new RENAME TO items; COMMIT;"
+)
+WITH = _REBUILD.format(
+    check=" CONSTRAINT items_qty_check CHECK (qty > 0)",
+    fk=" REFERENCES parent(id) ON DELETE CASCADE",
+)
+WITHOUT = _REBUILD.format(check="", fk="")
+
+
+def _sqlite_follows(pair: Pair, src: sqlite3.Connection, path: str, carried: bool) -> None:
+    """The SQLite target's items has the source's rows, and the CHECK and the foreign
+    key when ``carried`` (else neither)."""
+    query = "SELECT * FROM items ORDER BY 1"
+    seen: list[Any] = []
+
+    def done() -> bool:
+        try:
+            with sqlite3.connect(path, timeout=30) as dst:
+                keys = [
+                    (r[2], r[3], r[4], r[6]) for r in dst.execute("PRAGMA foreign_key_list(items)")
+                ]
+                sql = dst.execute("SELECT sql FROM sqlite_master WHERE name = 'items'").fetchone()
+                seen[:] = [keys, sql, _rows(dst, query)]
+        except sqlite3.Error as exc:  # no table yet
+            seen[:] = [str(exc)]
+            return False
+        want = [("parent", "pid", "id", "CASCADE")] if carried else []
+        has_check = sql is not None and "items_qty_check" in sql[0]
+        return keys == want and has_check == carried and seen[2] == _rows(src, query)
+
+    try:
+        wait_until(done, 90, "the target's items to match", interval=0.3)
+    except TimeoutError:
+        st = pair.status()
+        raise AssertionError(f"state {st.state} ({st.last_error}); target: {seen}") from None
+    dst = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        dst.execute("BEGIN")
+        if carried:
+            with pytest.raises(sqlite3.IntegrityError, match="items_qty_check"):
+                dst.execute("INSERT INTO items VALUES (99, 'x', 0, 1)")
+        else:
+            dst.execute("INSERT INTO items VALUES (99, 'x', 0, 1)")
+    finally:
+        dst.execute("ROLLBACK")
+        dst.close()
+
+
+@pytest.mark.parametrize("mode", ["running", "paused"])
+def test_a_sqlite_target_follows_checks_and_foreign_keys_of_a_rebuilt_table(
+    tmp_path: Path, mode: str
+) -> None:
+    """A SQLite source table rebuilt with a CHECK and a foreign key, then rebuilt
+    without them: the SQLite target's table gains both (a violating row is refused
+    by name) and loses them again, with its rows equal to the source's, whether the
+    subscriber runs or takes each change in one batch."""
+    pair = Pair(tmp_path, tables=["parent", "items"])
+    path = str(pair.target_path)
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None, timeout=30)
+    src.execute("PRAGMA journal_mode=WAL")
+    src.executescript(REBUILT)
+    try:
+        pair.start_publisher()
+        wait_until(lambda: pair.head() > 0, 60, "the tables in the log")
+        if mode == "running":
+            pair.start_subscriber()
+            _sqlite_follows(pair, src, path, carried=False)
+        head = pair.head()
+        src.executescript(WITH)
+        src.execute("UPDATE items SET qty = 7 WHERE id = 2")
+        if mode == "paused":
+            wait_until(lambda: pair.head() > head, 60, "the rebuild in the log")
+            pair.start_subscriber()
+        _sqlite_follows(pair, src, path, carried=True)
+        src.executescript(WITHOUT)
+        src.execute("UPDATE items SET qty = 0 WHERE id = 3")  # allowed again
+        _sqlite_follows(pair, src, path, carried=False)
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
