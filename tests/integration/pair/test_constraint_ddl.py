@@ -432,3 +432,74 @@ def test_a_sqlite_target_follows_checks_and_foreign_keys_of_a_rebuilt_table(
     finally:
         pair.stop()
         src.close()
+
+
+_VALIDATED = (
+    "SELECT conname, contype, convalidated FROM pg_constraint"
+    " WHERE conrelid = 'items'::regclass AND contype IN ('c', 'f', 'x') ORDER BY 1"
+)
+
+
+def test_exclusion_and_not_valid_constraints_follow_a_postgresql_source(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """An exclusion constraint and foreign keys added NOT VALID over rows that violate
+    them reach a PostgreSQL target as the source has them (the exclusion enforced,
+    the keys not validated, the rows equal); a CHECK added NOT VALID does not.  The
+    source's "fix the rows, then VALIDATE" never stops the subscription, even when
+    the schema op is logged before the fixed rows; once the target has the fixed
+    rows, a VALIDATE validates its copy."""
+    src, url, pair = _pg_pair(tmp_path, pg_server, "postgres")
+    base = {"items_pid_fkey"}
+    added = base | {"items_during_excl", "items_owner_fkey", "items_buddy_fkey"}
+
+    def validated() -> dict[str, tuple[Any, ...]]:
+        with psycopg.connect(url) as dst:
+            return {r[0]: r[1:] for r in _rows(dst, _VALIDATED)}
+
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        _wait_target(pair, src, url, "items", base)
+        _run(src, [
+            "ALTER TABLE items ADD COLUMN during int4range, ADD COLUMN owner int,"
+            " ADD COLUMN buddy int",
+            "UPDATE items SET during = int4range(id * 10, id * 10 + 5), owner = id, buddy = id",
+            "ALTER TABLE items ADD CONSTRAINT items_during_excl"
+            " EXCLUDE USING gist (during WITH &&)",
+            "ALTER TABLE items ADD CONSTRAINT items_owner_fkey FOREIGN KEY (owner)"
+            " REFERENCES parent (id) NOT VALID",
+            "ALTER TABLE items ADD CONSTRAINT items_buddy_fkey FOREIGN KEY (buddy)"
+            " REFERENCES parent (id) NOT VALID",
+            "ALTER TABLE items ADD CONSTRAINT items_qty_small CHECK (qty < 10) NOT VALID",
+            "UPDATE items SET qty = 0 WHERE id = 3",
+        ])  # fmt: skip
+        _wait_target(pair, src, url, "items", added)
+        assert validated() == {
+            "items_buddy_fkey": ("f", False),
+            "items_during_excl": ("x", True),
+            "items_owner_fkey": ("f", False),
+            "items_pid_fkey": ("f", False),  # items was installed before parent
+        }
+        with psycopg.connect(url) as dst, pytest.raises(psycopg.errors.ExclusionViolation):
+            dst.execute("INSERT INTO items (id, during) VALUES (100, int4range(12, 14))")
+        # Back to back: the schema op may be decoded after the VALIDATE.
+        _run(src, [
+            "UPDATE items SET owner = 1 WHERE owner > 3",
+            "ALTER TABLE items VALIDATE CONSTRAINT items_owner_fkey",
+        ])  # fmt: skip
+        _wait_target(pair, src, url, "items", added)
+        _run(src, ["UPDATE items SET buddy = 1 WHERE buddy > 3"])
+        _wait_target(pair, src, url, "items", added)
+        _run(src, ["ALTER TABLE items VALIDATE CONSTRAINT items_buddy_fkey"])
+        wait_until(
+            lambda: validated()["items_buddy_fkey"] == ("f", True),
+            60,
+            "the target's foreign key validated",
+            interval=0.3,
+        )
+        _wait_target(pair, src, url, "items", added)
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
