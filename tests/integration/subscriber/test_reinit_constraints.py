@@ -58,6 +58,16 @@ def _rows(conn: Any) -> list[list[tuple[object, ...]]]:
     ]
 
 
+def _sqlite_refuses(dst: sqlite3.Connection) -> None:
+    """The target's parent refuses a duplicate name, its child (foreign keys on) an
+    orphan."""
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        dst.execute("INSERT INTO parent VALUES (9, 'a')")
+    dst.execute("PRAGMA foreign_keys=ON")
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        dst.execute("INSERT INTO child VALUES (99, 2, 'orphan')")
+
+
 def _loaded(pair: Pair, src: sqlite3.Connection, load: Any) -> None:
     """Change the source, wait for it in the log, reinit."""
     head = pair.head()
@@ -90,11 +100,7 @@ def test_sqlite_reinit_keeps_the_tables_own_constraints(tmp_path: Path, spark: A
         _loaded(pair, src, lambda: pair.load_snapshot(pair.target_path, spark=spark))
         assert _rows(dst) == _rows(src)
         assert sorted(dst.execute(made).fetchall()) == before
-        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-            dst.execute("INSERT INTO parent VALUES (9, 'a')")
-        dst.execute("PRAGMA foreign_keys=ON")
-        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-            dst.execute("INSERT INTO child VALUES (99, 2, 'orphan')")
+        _sqlite_refuses(dst)
     finally:
         dst.close()
         pair.stop()
@@ -195,11 +201,7 @@ def test_sqlite_reinit_creates_the_sources_constraints(tmp_path: Path, spark: An
         assert _rows(dst) == _rows(src)
         fks = dst.execute("PRAGMA foreign_key_list(child)").fetchall()
         assert [(r[2], r[3], r[4], r[6]) for r in fks] == [("parent", "parent_id", "id", "CASCADE")]
-        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
-            dst.execute("INSERT INTO parent VALUES (9, 'a')")
-        dst.execute("PRAGMA foreign_keys=ON")
-        with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
-            dst.execute("INSERT INTO child VALUES (99, 2, 'orphan')")
+        _sqlite_refuses(dst)
     finally:
         dst.close()
         pair.stop()
