@@ -38,6 +38,7 @@ from publisher.capture.postgres._pgoutput import (
     Delete,
     Event,
     Insert,
+    Message,
     ProtocolError,
     Relation,
     RelColumn,
@@ -142,8 +143,11 @@ class Wal2JsonDecoder:
                 known, _ = self._relation(key, [])
                 yield known
             yield Truncate((known.oid,), cascade=False, restart_identity=False)
-        elif action == "M":
-            return
+        elif action == "M":  # a logical message: the DDL watch's (``_ddlwatch.py``)
+            content = msg.get("content") or ""
+            yield Message(
+                bool(msg.get("transactional")), str(msg.get("prefix", "")), content.encode()
+            )
         else:
             raise ProtocolError(f"unknown wal2json action {action!r}")
 

@@ -321,11 +321,18 @@ def test_indexes_follow_a_sqlite_source_without_a_later_write(
         src.close()
 
 
-@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
-def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "plugin"),
+    [("postgres", "pgoutput"), ("sqlite", "pgoutput"), ("sqlite", "wal2json")],
+)
+def test_postgresql_ddl_with_no_write_after_it(
+    tmp_path: Path, pg_server: Any, kind: str, plugin: str
+) -> None:
     """A UNIQUE constraint and an ADD COLUMN ... DEFAULT on a PostgreSQL source, with
-    no write to the tables afterwards, reach the running target within seconds."""
+    no write to the tables afterwards, reach the running target within seconds,
+    decoded by either plugin."""
     src, url, pair = _pg_pair(tmp_path, pg_server, kind)
+    pair.publisher_extra["plugin"] = plugin
     base = {"items_pid_fkey"} if kind == "postgres" else {"fk:parent"}
     try:
         pair.start_publisher()
