@@ -34,8 +34,12 @@ Dropping ``K`` at ``P``: a row the target would still refuse is a row committed
 after ``D`` and logged before ``P``.  On a PostgreSQL source the rows of ``t`` in
 that span do not exist (``P`` is the first); a parent's rows that orphan children
 are applied with ``session_replication_role = replica``, under which foreign keys
-are not checked; a SQLite target carries no foreign keys or CHECKs on existing
-tables (below).  The one gap left is a SQLite source: a UNIQUE index dropped there
+are not checked; a SQLite target's writer runs with ``foreign_keys = OFF``, and
+its CHECKs come from a SQLite source, where changing one takes a rebuild of the
+table, which drops the capture triggers with the old table: no row is captured
+between ``D`` and ``P`` (the refresh at ``P`` logs the schema, a truncate and a
+copy of the rows, ``publisher/capture/sqlite/shapes.py``).  The one gap left is a
+SQLite source: a UNIQUE index dropped there
 and violated before the next poll (milliseconds) is refused at the target, which
 stops naming the constraint; dropping it on the target by hand and `txrepl
 subscriber errors retry` resumes.

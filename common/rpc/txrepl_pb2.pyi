@@ -76,6 +76,8 @@ class _ConstraintKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Constr
     """columns REFERENCES ref_table(ref_columns)"""
     CONSTRAINT_KIND_INDEX: _ConstraintKind.ValueType  # 4
     """an index that is no constraint: columns, unique"""
+    CONSTRAINT_KIND_EXCLUDE: _ConstraintKind.ValueType  # 5
+    """PostgreSQL: expression is "EXCLUDE USING ..." """
 
 class ConstraintKind(_ConstraintKind, metaclass=_ConstraintKindEnumTypeWrapper): ...
 
@@ -88,6 +90,8 @@ CONSTRAINT_KIND_FOREIGN_KEY: ConstraintKind.ValueType  # 3
 """columns REFERENCES ref_table(ref_columns)"""
 CONSTRAINT_KIND_INDEX: ConstraintKind.ValueType  # 4
 """an index that is no constraint: columns, unique"""
+CONSTRAINT_KIND_EXCLUDE: ConstraintKind.ValueType  # 5
+"""PostgreSQL: expression is "EXCLUDE USING ..." """
 Global___ConstraintKind: _TypeAlias = ConstraintKind  # noqa: Y015
 
 class _RowOp:
@@ -495,6 +499,7 @@ class TableConstraint(_message.Message):
     REF_COLUMNS_FIELD_NUMBER: _builtins.int
     ON_DELETE_FIELD_NUMBER: _builtins.int
     ON_UPDATE_FIELD_NUMBER: _builtins.int
+    NOT_VALID_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     kind: Global___ConstraintKind.ValueType
     unique: _builtins.bool
@@ -509,6 +514,8 @@ class TableConstraint(_message.Message):
     on_delete: _builtins.str
     """FOREIGN_KEY: "CASCADE", "SET NULL", ... ("": NO ACTION)"""
     on_update: _builtins.str
+    not_valid: _builtins.bool
+    """CHECK, FOREIGN_KEY: not validated on the source"""
     @_builtins.property
     def columns(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """empty for an index on expressions"""
@@ -529,10 +536,11 @@ class TableConstraint(_message.Message):
         ref_columns: _abc.Iterable[_builtins.str] | None = ...,
         on_delete: _builtins.str = ...,
         on_update: _builtins.str = ...,
+        not_valid: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "expression", b"expression", "kind", b"kind", "name", b"name", "on_delete", b"on_delete", "on_update", b"on_update", "ref_columns", b"ref_columns", "ref_table", b"ref_table", "unique", b"unique"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["columns", b"columns", "expression", b"expression", "kind", b"kind", "name", b"name", "not_valid", b"not_valid", "on_delete", b"on_delete", "on_update", b"on_update", "ref_columns", b"ref_columns", "ref_table", b"ref_table", "unique", b"unique"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

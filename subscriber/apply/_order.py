@@ -120,7 +120,10 @@ def _gaining_unique(steps: Sequence[Step]) -> set[str]:
         s.schema.table
         for s in steps
         if isinstance(s, SchemaStep)
-        and any(c.kind == pb.CONSTRAINT_KIND_UNIQUE or c.unique for c in s.schema.constraints)
+        and any(
+            c.kind in (pb.CONSTRAINT_KIND_UNIQUE, pb.CONSTRAINT_KIND_EXCLUDE) or c.unique
+            for c in s.schema.constraints
+        )
     }
 
 

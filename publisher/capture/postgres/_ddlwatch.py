@@ -28,7 +28,9 @@ the publisher was down, with no write after it, is logged at the table's next
 change, as before the watch.
 
 Cost: one catalog query per second while idle; a DDL is noticed within about a
-second plus the decoding lag.  wal2json has no such messages: not watched.
+second plus the decoding lag.  Both plugins decode the message (pgoutput with its
+``messages`` option; wal2json, format 2, as an ``"action": "M"`` line between the
+transaction's ``B`` and ``C``).
 """
 
 from __future__ import annotations

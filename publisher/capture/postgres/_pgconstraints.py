@@ -1,10 +1,14 @@
 """A PostgreSQL table's secondary constraints and indexes, as ``pb.TableConstraint``.
 
 Read from the current catalog with the rest of the table's shape (``_pgcatalog``):
-UNIQUE, CHECK and FOREIGN KEY constraints, and the indexes that back no constraint.
-Left out: the primary key and NOT NULL (carried by the columns), exclusion
-constraints (no portable form; the source enforces them), and constraints and
-indexes not yet valid (``NOT VALID``, ``CREATE INDEX CONCURRENTLY`` in progress).
+UNIQUE, CHECK, FOREIGN KEY and exclusion constraints, and the indexes that back no
+constraint.  A CHECK or foreign key added ``NOT VALID`` is carried with
+``not_valid`` set (its ``VALIDATE CONSTRAINT`` changes it; what a target does with
+it: ``subscriber/targets/postgres/_ddl.py``); an exclusion constraint as
+``pg_get_constraintdef``'s text (``EXCLUDE USING gist (...) [WHERE (...)]``: only
+a PostgreSQL target carries it).
+Left out: the primary key and NOT NULL (carried by the columns), and indexes not
+yet valid (``CREATE INDEX CONCURRENTLY`` in progress).
 
 How a change is noticed: ``ALTER TABLE ... ADD/DROP CONSTRAINT`` and ``CREATE/DROP
 INDEX`` invalidate the table's relation cache entry, so pgoutput sends a relation
@@ -29,15 +33,16 @@ _CONSTRAINTS = """
 SELECT c.conname, c.contype,
   ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, i)
         JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n ORDER BY k.i),
-  CASE WHEN c.contype = 'c' THEN pg_get_expr(c.conbin, c.conrelid) END,
+  CASE WHEN c.contype = 'c' THEN pg_get_expr(c.conbin, c.conrelid)
+       WHEN c.contype = 'x' THEN pg_get_constraintdef(c.oid) END,
   rn.nspname, r.relname,
   ARRAY(SELECT a.attname FROM unnest(c.confkey) WITH ORDINALITY k(n, i)
         JOIN pg_attribute a ON a.attrelid = c.confrelid AND a.attnum = k.n ORDER BY k.i),
-  c.confdeltype, c.confupdtype
+  c.confdeltype, c.confupdtype, c.convalidated
 FROM pg_constraint c
 LEFT JOIN pg_class r ON r.oid = c.confrelid
 LEFT JOIN pg_namespace rn ON rn.oid = r.relnamespace
-WHERE c.conrelid = to_regclass(%s) AND c.contype IN ('u', 'c', 'f') AND c.convalidated
+WHERE c.conrelid = to_regclass(%s) AND c.contype IN ('u', 'c', 'f', 'x')
 ORDER BY c.conname
 """
 
@@ -58,15 +63,18 @@ ORDER BY ci.relname
 def read_constraints(conn: psycopg.Connection[Any], table: str) -> list[pb.TableConstraint]:
     """The constraints and indexes of ``table`` (its SQL name), by name (module doc)."""
     out: list[pb.TableConstraint] = []
-    for name, kind, cols, check, ref_ns, ref_rel, ref_cols, on_del, on_upd in conn.execute(
+    for name, kind, cols, text, ref_ns, ref_rel, ref_cols, on_del, on_upd, valid in conn.execute(
         _CONSTRAINTS, (table,)
     ):
-        c = pb.TableConstraint(name=str(name), columns=[str(x) for x in cols])
+        c = pb.TableConstraint(name=str(name), columns=[str(x) for x in cols], not_valid=not valid)
         if kind == "u":
             c.kind = pb.CONSTRAINT_KIND_UNIQUE
         elif kind == "c":
             c.kind = pb.CONSTRAINT_KIND_CHECK
-            c.expression = str(check)
+            c.expression = str(text)
+        elif kind == "x":
+            c.kind = pb.CONSTRAINT_KIND_EXCLUDE
+            c.expression = str(text)
         else:
             c.kind = pb.CONSTRAINT_KIND_FOREIGN_KEY
             c.ref_table = format_table(None if ref_ns == "public" else str(ref_ns), str(ref_rel))

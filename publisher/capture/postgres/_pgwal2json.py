@@ -161,9 +161,11 @@ class Wal2JsonDecoder:
                 known, _ = self._relation(key, [])
                 yield known
             yield Truncate((known.oid,), cascade=False, restart_identity=False)
-        elif action == "M":  # procedure call marks (common/calls.py) are text
-            if msg.get("transactional"):
-                yield Message(True, str(msg["prefix"]), str(msg["content"]).encode())
+        elif action == "M":  # a logical message: the DDL watch's (``_ddlwatch.py``)
+            content = msg.get("content") or ""
+            yield Message(
+                bool(msg.get("transactional")), str(msg.get("prefix", "")), content.encode()
+            )
         else:
             raise ProtocolError(f"unknown wal2json action {action!r}")
 

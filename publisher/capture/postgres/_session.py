@@ -105,7 +105,7 @@ class Session:
         self.last_feedback = 0.0
         self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
         self.flusher = Flusher([p.log for p in pubs])
-        self.watch = DdlWatch(cap._admin, cap._lock) if self.wal2json is None else None
+        self.watch: DdlWatch | None = DdlWatch(cap._admin, cap._lock)
         self.sequences = SequencePositions(cap._admin, cap._lock)
 
     def close(self) -> None:

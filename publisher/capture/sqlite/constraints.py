@@ -15,8 +15,10 @@ with the old column list, so no copy of the table is logged.
 - foreign keys: ``PRAGMA foreign_key_list``, named ``<table>_fk<id>`` (SQLite keeps no
   names for them); a reference to the parent's primary key names its columns.
 
-Not read: CHECK constraints (only the text of the ``CREATE TABLE`` has them; the
-source enforces them, the target does not need them to stay equal).
+- CHECK constraints: from the text of the table's ``CREATE TABLE``
+  (``common/sqlite_sql.py``), column and table ones alike, named as written or
+  ``<table>_ck<n>`` (the n-th unnamed one); the expression as written (SQLite's
+  dialect: a SQLite target carries it, a PostgreSQL target does not).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Collection
 from common.constraints import for_publication
 from common.names import format_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
+from common.sqlite_sql import checks
 
 __all__ = ["published", "read_constraints"]
 
@@ -61,6 +64,16 @@ def read_constraints(conn: sqlite3.Connection, table: str) -> list[pb.TableConst
                 columns=cols if plain else [],
                 expression=_index_text(row[0] if row else None),
             )
+        )
+    row = conn.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+    ).fetchone()
+    unnamed = 0
+    for name, expression in checks(row[0] if row and row[0] else ""):
+        if name is None:
+            name, unnamed = f"{table}_ck{unnamed}", unnamed + 1
+        out.append(
+            pb.TableConstraint(name=name, kind=pb.CONSTRAINT_KIND_CHECK, expression=expression)
         )
     fks: dict[int, pb.TableConstraint] = {}
     parents: dict[int, str] = {}

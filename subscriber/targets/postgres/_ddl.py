@@ -7,9 +7,18 @@ are added unless the table already has a constraint or index of that name (the
 operator's own, or a replay).  Why adding one at the schema op's position never
 refuses a row the source accepted: ``common/constraints.py``.
 
-- UNIQUE: ``ADD CONSTRAINT ... UNIQUE (cols)``; CHECK: from a PostgreSQL source only
-  (the expression is in the source's dialect); INDEX: a PostgreSQL source's
-  definition as it is, another source's columns, and an index on expressions of
+- UNIQUE: ``ADD CONSTRAINT ... UNIQUE (cols)``; CHECK and EXCLUDE: from a
+  PostgreSQL source only (the expression is in the source's dialect; an exclusion
+  constraint needs the operator classes it names, ``btree_gist`` say, installed on
+  the target, or the schema op is refused with PostgreSQL's message); a foreign key
+  ``NOT VALID`` on the source is added ``NOT VALID`` (the source holds rows that
+  violate it; replicated writes do not check it, ``session_replication_role``); a
+  CHECK ``NOT VALID`` is not carried until the source validates it: the catalog is
+  read when the table's next change is decoded (``common/constraints.py``), so the
+  schema op can come before rows the source wrote before adding it, which violate
+  it by definition and which the target would check as they are written (rejected
+  until the constraints of a schema op are created at the end of its batch); INDEX: a
+  PostgreSQL source's definition as it is, another source's columns, and an index on expressions of
   another dialect is skipped.
 - FOREIGN KEY: when the referenced table exists on the target.  A table installed
   before the table it references (installs go by name) gets the key when the
@@ -20,6 +29,14 @@ refuses a row the source accepted: ``common/constraints.py``.
   every schema op of its table, so one skipped earlier is not lost.
 - A shaped table (transforms, history mode) gets none: its columns are not the
   source's.
+- ``VALIDATE CONSTRAINT`` of a foreign key on the source: the target validates its
+  ``NOT VALID`` copy, in a savepoint.  Rows of the target that violate it there are rows the
+  source corrected before it validated, not yet applied: the catalog is read when
+  the table's next change is decoded (``common/constraints.py``), so the schema op
+  can come before them, and "fix the rows, then validate" is how a constraint gets
+  validated.  The target's copy then stays ``NOT VALID`` rather than refusing the
+  batch (rejected: refusing it, which stops replication on what the source
+  accepted; re-validating at a later point, which no entry marks).
 - Refused: a new constraint the target's rows violate (rows changed by hand on the
   target): :class:`WriterError` naming the table and the constraint, and the entry
   is parked as any refused entry.
@@ -27,7 +44,7 @@ refuses a row the source accepted: ``common/constraints.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
@@ -39,7 +56,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import WriterError
 from subscriber.targets.postgres._names import table_sql
 
-__all__ = ["adopt_children", "follow_constraints"]
+__all__ = ["adopt_children", "create_constraints", "follow_constraints", "source_names"]
 
 Q = sql.Identifier
 FK = pb.CONSTRAINT_KIND_FOREIGN_KEY
@@ -57,6 +74,7 @@ _VIOLATED = (
     psycopg.errors.CheckViolation,
     psycopg.errors.ForeignKeyViolation,
     psycopg.errors.NotNullViolation,
+    psycopg.errors.ExclusionViolation,
 )
 
 
@@ -71,6 +89,18 @@ def follow_constraints(
     table = table_sql(schema.table)
     drop, add = changed(previous, schema)
     add += [c for c in schema.constraints if c.kind == FK and c not in add]
+    name = table.as_string(cur)
+    validating = any(c.not_valid for c in drop)
+    have = {str(r[0]) for r in cur.execute(_NAMES, {"t": name})} if validating else set()
+    for c in _validated(drop, add, have):
+        drop, add = [d for d in drop if d.name != c.name], [a for a in add if a.name != c.name]
+        try:
+            with cur.connection.transaction():
+                cur.execute(
+                    sql.SQL("ALTER TABLE {} VALIDATE CONSTRAINT {}").format(table, Q(c.name))
+                )
+        except _VIOLATED:
+            pass  # stays NOT VALID: the rows that fix it follow (module doc)
     for c in drop:
         if c.kind == pb.CONSTRAINT_KIND_INDEX:
             cur.execute(sql.SQL("DROP INDEX IF EXISTS {}").format(_index_name(schema.table, c)))
@@ -80,13 +110,12 @@ def follow_constraints(
             )
     if not add:
         return
-    name = table.as_string(cur)
-    have = {str(r[0]) for r in cur.execute(_NAMES, {"t": name})}
+    have = {str(r[0]) for r in cur.execute(_NAMES, {"t": name})}  # after the drops
     for c in add:
         if c.name in have:
             continue
         ddl: Any = _add_sql(cur, schema, table, c)
-        if ddl is not None and not_valid and c.kind == FK:
+        if ddl is not None and (c.not_valid or (not_valid and c.kind == FK)):
             ddl += sql.SQL(" NOT VALID")
         if ddl is None:
             continue
@@ -102,6 +131,25 @@ def follow_constraints(
             ) from exc
 
 
+def _validated(
+    drop: list[pb.TableConstraint], add: list[pb.TableConstraint], have: set[str]
+) -> list[pb.TableConstraint]:
+    """The constraints of ``add`` whose only change is that the source validated them
+    (and that the target has, ``have``)."""
+    before = {c.name: c for c in drop}
+    out = []
+    for c in add:
+        old = before.get(c.name)
+        if old is None or not old.not_valid or c.not_valid or c.name not in have:
+            continue
+        same = pb.TableConstraint()
+        same.CopyFrom(old)
+        same.not_valid = False
+        if same == c:
+            out.append(c)
+    return out
+
+
 def adopt_children(
     cur: psycopg.Cursor[Any], table: str, schemas: Mapping[str, pb.TableSchema]
 ) -> None:
@@ -112,6 +160,34 @@ def adopt_children(
             c.kind == FK and c.ref_table == table for c in child.constraints
         ):
             follow_constraints(cur, child, child, not_valid=True)
+
+
+def source_names(schema: pb.TableSchema | None) -> set[str]:
+    """The names the target gives ``schema``'s constraints and indexes (none: no schema)."""
+    return {c.name for c in schema.constraints} if schema is not None else set()
+
+
+def create_constraints(cur: psycopg.Cursor[Any], schemas: Sequence[pb.TableSchema]) -> None:
+    """Tables created together, rows and all (a reinit's swap): give each its source
+    constraints.  Every table's own ones first (UNIQUE, CHECK, indexes), then the
+    foreign keys, so the UNIQUE a key references exists when the key is added.
+    A foreign key the rows violate is added ``NOT VALID``: the rows are the
+    source's at one seq, so the source holds the orphans too (a SQLite source with
+    ``foreign_keys`` off, a key ``NOT VALID`` on the source) and the target must
+    take them; PostgreSQL still checks the application's own later writes."""
+    for schema in schemas:
+        own = pb.TableSchema()
+        own.CopyFrom(schema)
+        del own.constraints[:]
+        own.constraints.extend(c for c in schema.constraints if c.kind != FK)
+        follow_constraints(cur, own, None)
+    for schema in schemas:
+        try:
+            follow_constraints(cur, schema, None)  # the keys (the rest have their names)
+        except WriterError as exc:
+            if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+                raise
+            follow_constraints(cur, schema, None, not_valid=True)
 
 
 def _index_name(table: str, c: pb.TableConstraint) -> sql.Identifier:
@@ -132,7 +208,11 @@ def _add_sql(
     if c.kind == pb.CONSTRAINT_KIND_UNIQUE:
         return add + sql.SQL("UNIQUE ({})").format(_cols(c.columns))
     if c.kind == pb.CONSTRAINT_KIND_CHECK:
-        return add + sql.SQL("CHECK ({})").format(sql.SQL(c.expression)) if same else None
+        if not same or c.not_valid:
+            return None
+        return add + sql.SQL("CHECK ({})").format(sql.SQL(c.expression))
+    if c.kind == pb.CONSTRAINT_KIND_EXCLUDE:
+        return add + sql.SQL(c.expression) if same else None
     if c.kind == FK:
         ref = table_sql(c.ref_table)
         row = cur.execute("SELECT to_regclass(%s)", (ref.as_string(cur),)).fetchone()

@@ -67,6 +67,14 @@ re-created (and validated against the new rows) after them.  Carried foreign key
 run last, once every new table has its unique constraints (parents first).  A
 referencing row the new parent no longer has fails the reinit naming the key.
 
+The source's constraints (``TableSchema.constraints``: UNIQUE, CHECK, indexes,
+foreign keys within the publication, as the apply writer follows them,
+``_ddl.py``) are created on every table loaded as published, after the carried
+items and still in T: every table's own first, then the foreign keys, validated
+against the loaded rows (``NOT VALID`` where the source holds orphans too).  Those
+the old table had from the source (its recorded schema names them) are not
+carried: the new schema's replace them.
+
 Limits: the old table is dropped, so views that depend on it make the swap fail
 (with PostgreSQL's message; the target is unchanged); columns the publisher
 does not send, the owner (the new table is the reinit role's), column grants,
@@ -87,8 +95,11 @@ from psycopg import sql
 from common.names import parse_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
+from subscriber.apply.errors import WriterError
 from subscriber.reinit.errors import SnapshotError
 from subscriber.targets.postgres._identity import column_defs
+from subscriber.targets.postgres._copy import pg_type
+from subscriber.targets.postgres._ddl import create_constraints, source_names
 from subscriber.targets.postgres._names import create_schema, table_sql
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
@@ -251,12 +262,17 @@ class PgShadowLoader:
                     )
                 homes[table] = home
             self._lock_old(cur, homes)
+            before = METADATA_SQL.load_state(cur, subscription).schemas
             carried = [
                 item
                 for table, home in homes.items()
                 if self._exists(cur, home, table)
                 for item in self._carried(
-                    cur, home, table, {c.name for c in self.schemas[table].columns}
+                    cur,
+                    home,
+                    table,
+                    {c.name for c in self.schemas[table].columns},
+                    source_names(before.get(table)),
                 )
             ]
             carried.sort(key=lambda item: item[0].startswith("foreign key"))  # parents first
@@ -285,6 +301,17 @@ class PgShadowLoader:
                         " the published columns, then run the reinit again)",
                         exc,
                     ) from exc
+            try:  # the source's constraints, on the tables loaded as published
+                create_constraints(
+                    cur,
+                    [
+                        s
+                        for t, s in self.schemas.items()
+                        if recorded is None or recorded.get(t) == s
+                    ],
+                )
+            except WriterError as exc:
+                raise self._error("the snapshot's rows violate a constraint", exc) from exc
             # sequences past the loaded ids, and up to the source's positions
             owned: dict[str, list[tuple[str, str]]] = {}
             advance_sequences(cur, list(homes), owned)
@@ -305,9 +332,11 @@ class PgShadowLoader:
 
     @staticmethod
     def _carried(
-        cur: psycopg.Cursor[Any], home: str, table: str, columns: set[str]
+        cur: psycopg.Cursor[Any], home: str, table: str, columns: set[str], source: set[str]
     ) -> list[tuple[str, sql.SQL | sql.Composed]]:
         """What the operator added to the old table, as statements for the new one.
+        ``source``: names of the constraints and indexes the old table had from the
+        source (its recorded schema's): not carried, the new schema's are created.
 
         (what, statement) for: constraints other than the primary key (unique,
         check, exclusion, foreign keys), indexes that back no constraint, triggers
@@ -328,6 +357,8 @@ class PgShadowLoader:
             (old,),
         )
         for name, definition, kind in cur.fetchall():
+            if name in source:
+                continue
             out.append(
                 (
                     f"{'foreign key' if kind == 'f' else 'constraint'} {name!r} of {table!r}",
@@ -345,7 +376,8 @@ class PgShadowLoader:
             (old, old),
         )
         for name, definition in cur.fetchall():
-            out.append((f"index {name!r} of {table!r}", sql.SQL(definition)))
+            if name not in source:
+                out.append((f"index {name!r} of {table!r}", sql.SQL(definition)))
         cur.execute(
             "SELECT tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger"
             " WHERE tgrelid = %s AND NOT tgisinternal ORDER BY tgname",

@@ -10,13 +10,16 @@ takes a rebuild of the table), so:
   source, except that SQLite's own names (``sqlite_autoindex_...``, reserved) get a
   ``txrepl_`` prefix.  A SQLite source's index on expressions or partial index is
   replayed as written; another source's is skipped (its text is another dialect).
-- FOREIGN KEYs are written into the ``CREATE TABLE`` of a table the subscriber
-  creates, with their actions; later changes of them are not followed (a rebuild of
-  the target table), and the writer runs with ``PRAGMA foreign_keys = OFF`` (the
-  replica role), so they bind the application's own writes only.
-- CHECK constraints are not carried to a SQLite target (the expression may be in
-  another dialect; the source enforces them).
-- Refused: a new unique index the target's rows violate (rows changed by hand on the
+- FOREIGN KEYs (with their actions) and the CHECK constraints of a SQLite source
+  are written into the ``CREATE TABLE`` of a table the subscriber creates, named
+  (``CONSTRAINT <name>``); on a later schema op that adds, drops or changes one, the
+  table is rebuilt from its own ``CREATE TABLE`` text with those clauses edited, in
+  the batch's transaction (``_rebuild.py``).  The writer runs with ``PRAGMA
+  foreign_keys = OFF`` (the replica role), so the keys bind the application's own
+  writes only; CHECKs bind the apply too, as on PostgreSQL (they refuse nothing
+  the source accepted: ``common/constraints.py``).  A PostgreSQL source's CHECKs are
+  not carried (the expression is in its dialect; the source enforces them).
+- Refused: a new unique index or CHECK the target's rows violate (rows changed by hand on the
   target): :class:`WriterError` naming the table and the constraint, and the entry is
   parked as any refused entry.
 """
@@ -29,32 +32,78 @@ from common.constraints import changed
 from common.names import parse_table, quote_ident
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import WriterError
+from subscriber.targets.sqlite._rebuild import rebuild
 
-__all__ = ["follow_indexes", "foreign_keys"]
+__all__ = ["follow_clauses", "follow_indexes", "index_names", "table_clauses"]
 
 _ACTIONS = frozenset({"CASCADE", "SET NULL", "SET DEFAULT", "RESTRICT"})
 
 
-def foreign_keys(schema: pb.TableSchema) -> list[str]:
-    """``FOREIGN KEY`` clauses of ``schema`` for its ``CREATE TABLE``."""
-    out = []
-    for c in schema.constraints:
-        if c.kind != pb.CONSTRAINT_KIND_FOREIGN_KEY:
-            continue
-        cols = ", ".join(quote_ident(n) for n in c.columns)
-        refs = ", ".join(quote_ident(n) for n in c.ref_columns)
-        clause = (
-            f"FOREIGN KEY ({cols}) REFERENCES {quote_ident(parse_table(c.ref_table).flat)} ({refs})"
-        )
-        for what, action in (("DELETE", c.on_delete), ("UPDATE", c.on_update)):
-            if action in _ACTIONS:
-                clause += f" ON {what} {action}"
-        out.append(clause)
-    return out
+def _clause(c: pb.TableConstraint, schema: pb.TableSchema, *, named: bool = True) -> str | None:
+    """The table constraint clause of ``c`` in a SQLite ``CREATE TABLE``, or None when
+    this target does not carry it there (UNIQUE and indexes are indexes here)."""
+    head = f"CONSTRAINT {quote_ident(c.name)} " if named else ""
+    if c.kind == pb.CONSTRAINT_KIND_CHECK and schema.source_dialect == "sqlite":
+        return f"{head}CHECK ({c.expression})"
+    if c.kind != pb.CONSTRAINT_KIND_FOREIGN_KEY:
+        return None
+    cols = ", ".join(quote_ident(n) for n in c.columns)
+    refs = ", ".join(quote_ident(n) for n in c.ref_columns)
+    clause = (
+        f"FOREIGN KEY ({cols}) REFERENCES {quote_ident(parse_table(c.ref_table).flat)} ({refs})"
+    )
+    for what, action in (("DELETE", c.on_delete), ("UPDATE", c.on_update)):
+        if action in _ACTIONS:
+            clause += f" ON {what} {action}"
+    return head + clause
+
+
+def table_clauses(schema: pb.TableSchema) -> list[str]:
+    """``schema``'s FOREIGN KEY and (from a SQLite source) CHECK clauses, named, for
+    its ``CREATE TABLE``."""
+    return [t for c in schema.constraints if (t := _clause(c, schema)) is not None]
+
+
+def follow_clauses(
+    conn: sqlite3.Connection,
+    schema: pb.TableSchema,
+    previous: pb.TableSchema,
+    table: str,
+) -> None:
+    """Make the existing target table ``table`` (its name, unquoted) carry the foreign
+    keys and CHECKs of ``schema`` instead of ``previous``'s: a rebuild
+    (``_rebuild.py``) when they differ."""
+    drop, add = changed(previous, schema)
+    gone = {
+        " ".join(t.split())
+        for c in drop
+        for named in (True, False)  # tables made before the keys were named
+        if (t := _clause(c, previous, named=named)) is not None
+    }
+    new = [t for c in add if (t := _clause(c, schema)) is not None]
+    if not gone and not new:
+        return
+    rebuild(conn, schema.table, table, gone, new)
+
+
+def _name(c: pb.TableConstraint) -> str:
+    return "txrepl_" + c.name if c.name.startswith("sqlite_") else c.name
 
 
 def _index_name(c: pb.TableConstraint) -> str:
-    return quote_ident("txrepl_" + c.name if c.name.startswith("sqlite_") else c.name)
+    return quote_ident(_name(c))
+
+
+def index_names(schema: pb.TableSchema | None) -> set[str]:
+    """The names of the indexes a SQLite target gives ``schema``'s UNIQUE constraints
+    and indexes (none: no schema)."""
+    if schema is None:
+        return set()
+    return {
+        _name(c)
+        for c in schema.constraints
+        if c.kind in (pb.CONSTRAINT_KIND_UNIQUE, pb.CONSTRAINT_KIND_INDEX)
+    }
 
 
 def follow_indexes(

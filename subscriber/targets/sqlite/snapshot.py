@@ -19,7 +19,12 @@ Atomicity argument:
    (their SQL from ``sqlite_master``; one that fails, say on a column the
    publisher does not send, fails the swap, which rolls back), replaces the
    subscription's recorded schemas and sets its level to S with the snapshot's
-   incarnation.  Readers see the old state or the new one,
+   incarnation.  A table loaded as published gets the source's constraints
+   (``TableSchema.constraints``): a new one with foreign keys is created with
+   them and the shadow's rows copied in (SQLite adds no key to a table), and the
+   source's UNIQUE constraints and indexes are created after the carried ones
+   (those the old table had from the source are not carried: the new schema's
+   replace them).  Readers see the old state or the new one,
    never a half-loaded table; the level and the rows move together.
 """
 
@@ -35,8 +40,15 @@ import pyarrow as pa
 from common.names import parse_table
 from common.rpc import txrepl_pb2 as pb
 from common.values import decode
+from subscriber.apply.errors import WriterError
 from subscriber.apply.session import arrow_frame
 from subscriber.reinit.errors import SnapshotError
+from subscriber.targets.sqlite._ddl import (
+    follow_clauses,
+    follow_indexes,
+    index_names,
+    table_clauses,
+)
 from subscriber.targets.sqlite.writer import (
     METADATA_SQL,
     SqliteWriter,
@@ -55,14 +67,14 @@ SHADOW_PREFIX = "txrepl_shadow__"
 FLUSH_ROWS = 50_000
 
 
-def _ddl(name: str, schema: pb.TableSchema) -> str:
+def _ddl(name: str, schema: pb.TableSchema, more: Sequence[str] = ()) -> str:
     cols = []
     for c in schema.columns:
         decl = declared(c, schema)  # the same affinities the apply writer uses
         null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
         cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
     pk = ", ".join(quote(k) for k in schema.primary_key)
-    return f"CREATE TABLE {quote(name)} ({', '.join(cols)}, PRIMARY KEY ({pk}))"
+    return f"CREATE TABLE {quote(name)} ({', '.join([*cols, f'PRIMARY KEY ({pk})', *more])})"
 
 
 def _through_spark(
@@ -131,7 +143,7 @@ class SqliteSnapshotLoader:
     def swap(self, start: pb.SnapshotStart, recorded: Mapping[str, pb.TableSchema]) -> None:
         try:
             flat = [parse_table(t).flat for t in self.schemas]
-            _swap(self.conn, self.subscription, start, flat, recorded)
+            _swap(self.conn, self.subscription, start, self.schemas, recorded)
         except SnapshotError:
             # Refused as loaded (a rerun would load them again): leave no copy behind.
             for table in flat:
@@ -146,23 +158,33 @@ def _swap(
     conn: sqlite3.Connection,
     subscription: str,
     start: pb.SnapshotStart,
-    tables: Sequence[str],
+    schemas: Mapping[str, pb.TableSchema],
     recorded: Mapping[str, pb.TableSchema],
 ) -> None:
-    """Step 3 of the module docstring: one transaction swaps ``tables`` (their
-    shadows in), records the ``recorded`` schemas and sets the level."""
+    """Step 3 of the module docstring: one transaction swaps the tables of ``schemas``
+    (the loaded ones: their shadows in), records the ``recorded`` schemas (the
+    published ones) and sets the level."""
+    tables = {parse_table(t).flat: s for t, s in schemas.items()}
     conn.execute("BEGIN IMMEDIATE")
     try:
+        before = METADATA_SQL.load_state(conn, subscription).schemas
         # Indexes and triggers an operator made on the old tables (their SQL names
-        # the table, which the shadow is renamed to); automatic indexes have no SQL.
-        carried = conn.execute(
-            "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
-            " ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
-            f" ({', '.join('?' * len(tables))}) ORDER BY type, name",
-            list(tables),
-        ).fetchall()
-        for table in tables:
-            _replace(conn, table)
+        # the table, which the shadow is renamed to); automatic indexes have no SQL,
+        # and the source's own (named by the recorded schema) give way to the new
+        # schema's.
+        source = set().union(*(index_names(before.get(s.table)) for s in schemas.values()))
+        carried = [
+            row
+            for row in conn.execute(
+                "SELECT type, name, tbl_name, sql FROM sqlite_master WHERE type IN"
+                " ('index', 'trigger') AND sql IS NOT NULL AND tbl_name IN"
+                f" ({', '.join('?' * len(tables))}) ORDER BY type, name",
+                list(tables),
+            ).fetchall()
+            if row[0] != "index" or row[1] not in source
+        ]
+        plain = {t: s for t, s in tables.items() if recorded.get(s.table) == s}
+        kept = {table: _replace(conn, table, plain.get(table)) for table in tables}
         for kind, name, table, statement in carried:
             try:
                 conn.execute(statement)
@@ -170,6 +192,16 @@ def _swap(
                 raise SnapshotError(
                     f"cannot carry {kind} {name!r} of {table!r} over to the new table: {exc};"
                     " drop it or make it fit the published columns, then run the reinit again"
+                ) from exc
+        for table, schema in plain.items():
+            try:
+                old = before.get(schema.table)
+                if old is not None and kept.get(table):
+                    follow_clauses(conn, schema, old, table)
+                follow_indexes(conn, schema, None, quote(table))
+            except WriterError as exc:
+                raise SnapshotError(
+                    f"the snapshot's rows violate a constraint: {exc.__cause__}"
                 ) from exc
         METADATA_SQL.replace_schemas(conn, subscription, recorded)
         METADATA_SQL.set_level(conn, subscription, start.incarnation, start.seq)
@@ -183,11 +215,13 @@ def _columns(conn: sqlite3.Connection, table: str) -> list[str]:
     return [r[1] for r in conn.execute(f"PRAGMA table_info({quote(table)})")]
 
 
-def _replace(conn: sqlite3.Connection, table: str) -> None:
+def _replace(conn: sqlite3.Connection, table: str, schema: pb.TableSchema | None) -> bool:
     """Put the shadow of ``table`` in its place.  An old table with the same columns
     keeps its own definition (UNIQUE, CHECK, REFERENCES, collations written in its
-    CREATE TABLE): it is re-created from that SQL and the rows copied in; otherwise
-    (a new table, or its columns changed) the shadow is renamed into place."""
+    CREATE TABLE): it is re-created from that SQL and the rows copied in.  Otherwise
+    (a new table, or its columns changed) the shadow is renamed into place, or, when
+    ``schema`` (the table loaded as published) has foreign keys, the table is created
+    with them (SQLite adds none to an existing table) and the rows copied in."""
     shadow = quote(SHADOW_PREFIX + table)
     found = conn.execute(
         "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
@@ -195,12 +229,13 @@ def _replace(conn: sqlite3.Connection, table: str) -> None:
     cols = _columns(conn, SHADOW_PREFIX + table)
     keep = found is not None and found[0] is not None and _columns(conn, table) == cols
     conn.execute(f"DROP TABLE IF EXISTS {quote(table)}")
-    if not keep:
+    fks = table_clauses(schema) if schema is not None and not keep else []
+    if not keep and not fks:
         conn.execute(f"ALTER TABLE {shadow} RENAME TO {quote(table)}")
-        return
+        return False
     names = ", ".join(quote(c) for c in cols)
     try:
-        conn.execute(found[0])
+        conn.execute(found[0] if keep or schema is None else _ddl(table, schema, fks))
         conn.execute(f"INSERT INTO {quote(table)} ({names}) SELECT {names} FROM {shadow}")
     except sqlite3.Error as exc:
         raise SnapshotError(
@@ -208,3 +243,4 @@ def _replace(conn: sqlite3.Connection, table: str) -> None:
             f" {exc}; change the table's definition, then run the reinit again"
         ) from exc
     conn.execute(f"DROP TABLE {shadow}")
+    return keep

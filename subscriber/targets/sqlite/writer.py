@@ -64,7 +64,7 @@ from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
-from subscriber.targets.sqlite._ddl import follow_indexes, foreign_keys
+from subscriber.targets.sqlite._ddl import follow_clauses, follow_indexes, table_clauses
 from subscriber.targets.sqlite._truncate import empty_table
 from subscriber.targets.sqlite.triggers import TriggerGuard
 
@@ -429,7 +429,7 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
                 null = "" if c.nullable or c.name in schema.primary_key else " NOT NULL"
                 cols.append(f"{quote(c.name)} {decl}{null}".rstrip())
             cols.append(f"PRIMARY KEY ({', '.join(quote(k) for k in schema.primary_key)})")
-            cols.extend(foreign_keys(schema))
+            cols.extend(table_clauses(schema) if schema is source else [])
             self._conn.execute(f"CREATE TABLE {quote_table(schema.table)} ({', '.join(cols)})")
         else:
             have = {n.lower() for n in existing}
@@ -444,6 +444,8 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
             if previous is not None and schema is source:
                 self._drop_columns(schema, previous, have)
         if schema is source:  # a shaped table's columns are not the source's
+            if existing and previous is not None:
+                follow_clauses(self._conn, schema, previous, parse_table(schema.table).flat)
             follow_indexes(
                 self._conn, schema, previous if existing else None, quote_table(schema.table)
             )

@@ -321,11 +321,18 @@ def test_indexes_follow_a_sqlite_source_without_a_later_write(
         src.close()
 
 
-@pytest.mark.parametrize("kind", ["postgres", "sqlite"])
-def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "plugin"),
+    [("postgres", "pgoutput"), ("sqlite", "pgoutput"), ("sqlite", "wal2json")],
+)
+def test_postgresql_ddl_with_no_write_after_it(
+    tmp_path: Path, pg_server: Any, kind: str, plugin: str
+) -> None:
     """A UNIQUE constraint and an ADD COLUMN ... DEFAULT on a PostgreSQL source, with
-    no write to the tables afterwards, reach the running target within seconds."""
+    no write to the tables afterwards, reach the running target within seconds,
+    decoded by either plugin."""
     src, url, pair = _pg_pair(tmp_path, pg_server, kind)
+    pair.publisher_extra["plugin"] = plugin
     base = {"items_pid_fkey"} if kind == "postgres" else {"fk:parent"}
     try:
         pair.start_publisher()
@@ -334,6 +341,171 @@ def test_postgresql_ddl_with_no_write_after_it(tmp_path: Path, pg_server: Any, k
         _run(src, [ADD[0], "ALTER TABLE parent ADD COLUMN note text DEFAULT 'n'"])
         _wait_target(pair, src, url, "items", base | {"items_email_key"})
         _wait_target(pair, src, url, "parent", set())
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
+
+
+REBUILT = """
+CREATE TABLE parent(id INTEGER PRIMARY KEY, name TEXT);
+CREATE TABLE items(id INTEGER PRIMARY KEY, email TEXT, qty INTEGER, pid INTEGER);
+INSERT INTO parent VALUES (1, 'p1'), (2, 'p2');
+INSERT INTO items VALUES (1, 'e1', 1, 1), (2, 'e2', 2, 2), (3, 'e3', 3, 1);
+"""
+# The application changes a table's CHECKs and foreign keys the SQLite way: a new
+# table, the rows copied, the old one dropped, the new one renamed.
+_REBUILD = (
+    "BEGIN; CREATE TABLE items_new(id INTEGER PRIMARY KEY, email TEXT, qty INTEGER{check},"
+    " pid INTEGER{fk}); INSERT INTO items_new SELECT * FROM items; DROP TABLE items;"
+    " ALTER TABLE items_new RENAME TO items; COMMIT;"
+)
+WITH = _REBUILD.format(
+    check=" CONSTRAINT items_qty_check CHECK (qty > 0)",
+    fk=" REFERENCES parent(id) ON DELETE CASCADE",
+)
+WITHOUT = _REBUILD.format(check="", fk="")
+
+
+def _sqlite_follows(pair: Pair, src: sqlite3.Connection, path: str, carried: bool) -> None:
+    """The SQLite target's items has the source's rows, and the CHECK and the foreign
+    key when ``carried`` (else neither)."""
+    query = "SELECT * FROM items ORDER BY 1"
+    seen: list[Any] = []
+
+    def done() -> bool:
+        try:
+            with sqlite3.connect(path, timeout=30) as dst:
+                keys = [
+                    (r[2], r[3], r[4], r[6]) for r in dst.execute("PRAGMA foreign_key_list(items)")
+                ]
+                sql = dst.execute("SELECT sql FROM sqlite_master WHERE name = 'items'").fetchone()
+                seen[:] = [keys, sql, _rows(dst, query)]
+        except sqlite3.Error as exc:  # no table yet
+            seen[:] = [str(exc)]
+            return False
+        want = [("parent", "pid", "id", "CASCADE")] if carried else []
+        has_check = sql is not None and "items_qty_check" in sql[0]
+        return keys == want and has_check == carried and seen[2] == _rows(src, query)
+
+    try:
+        wait_until(done, 90, "the target's items to match", interval=0.3)
+    except TimeoutError:
+        st = pair.status()
+        raise AssertionError(f"state {st.state} ({st.last_error}); target: {seen}") from None
+    dst = sqlite3.connect(path, isolation_level=None, timeout=30)
+    try:
+        dst.execute("BEGIN")
+        if carried:
+            with pytest.raises(sqlite3.IntegrityError, match="items_qty_check"):
+                dst.execute("INSERT INTO items VALUES (99, 'x', 0, 1)")
+        else:
+            dst.execute("INSERT INTO items VALUES (99, 'x', 0, 1)")
+    finally:
+        dst.execute("ROLLBACK")
+        dst.close()
+
+
+@pytest.mark.parametrize("mode", ["running", "paused"])
+def test_a_sqlite_target_follows_checks_and_foreign_keys_of_a_rebuilt_table(
+    tmp_path: Path, mode: str
+) -> None:
+    """A SQLite source table rebuilt with a CHECK and a foreign key, then rebuilt
+    without them: the SQLite target's table gains both (a violating row is refused
+    by name) and loses them again, with its rows equal to the source's, whether the
+    subscriber runs or takes each change in one batch."""
+    pair = Pair(tmp_path, tables=["parent", "items"])
+    path = str(pair.target_path)
+    src = sqlite3.connect(str(pair.source_path), isolation_level=None, timeout=30)
+    src.execute("PRAGMA journal_mode=WAL")
+    src.executescript(REBUILT)
+    try:
+        pair.start_publisher()
+        wait_until(lambda: pair.head() > 0, 60, "the tables in the log")
+        if mode == "running":
+            pair.start_subscriber()
+            _sqlite_follows(pair, src, path, carried=False)
+        head = pair.head()
+        src.executescript(WITH)
+        src.execute("UPDATE items SET qty = 7 WHERE id = 2")
+        if mode == "paused":
+            wait_until(lambda: pair.head() > head, 60, "the rebuild in the log")
+            pair.start_subscriber()
+        _sqlite_follows(pair, src, path, carried=True)
+        src.executescript(WITHOUT)
+        src.execute("UPDATE items SET qty = 0 WHERE id = 3")  # allowed again
+        _sqlite_follows(pair, src, path, carried=False)
+        assert pair.status().state == "in_sync"
+    finally:
+        pair.stop()
+        src.close()
+
+
+_VALIDATED = (
+    "SELECT conname, contype, convalidated FROM pg_constraint"
+    " WHERE conrelid = 'items'::regclass AND contype IN ('c', 'f', 'x') ORDER BY 1"
+)
+
+
+def test_exclusion_and_not_valid_constraints_follow_a_postgresql_source(
+    tmp_path: Path, pg_server: Any
+) -> None:
+    """An exclusion constraint and foreign keys added NOT VALID over rows that violate
+    them reach a PostgreSQL target as the source has them (the exclusion enforced,
+    the keys not validated, the rows equal); a CHECK added NOT VALID does not.  The
+    source's "fix the rows, then VALIDATE" never stops the subscription, even when
+    the schema op is logged before the fixed rows; once the target has the fixed
+    rows, a VALIDATE validates its copy."""
+    src, url, pair = _pg_pair(tmp_path, pg_server, "postgres")
+    base = {"items_pid_fkey"}
+    added = base | {"items_during_excl", "items_owner_fkey", "items_buddy_fkey"}
+
+    def validated() -> dict[str, tuple[Any, ...]]:
+        with psycopg.connect(url) as dst:
+            return {r[0]: r[1:] for r in _rows(dst, _VALIDATED)}
+
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        _wait_target(pair, src, url, "items", base)
+        _run(src, [
+            "ALTER TABLE items ADD COLUMN during int4range, ADD COLUMN owner int,"
+            " ADD COLUMN buddy int",
+            "UPDATE items SET during = int4range(id * 10, id * 10 + 5), owner = id, buddy = id",
+            "ALTER TABLE items ADD CONSTRAINT items_during_excl"
+            " EXCLUDE USING gist (during WITH &&)",
+            "ALTER TABLE items ADD CONSTRAINT items_owner_fkey FOREIGN KEY (owner)"
+            " REFERENCES parent (id) NOT VALID",
+            "ALTER TABLE items ADD CONSTRAINT items_buddy_fkey FOREIGN KEY (buddy)"
+            " REFERENCES parent (id) NOT VALID",
+            "ALTER TABLE items ADD CONSTRAINT items_qty_small CHECK (qty < 10) NOT VALID",
+            "UPDATE items SET qty = 0 WHERE id = 3",
+        ])  # fmt: skip
+        _wait_target(pair, src, url, "items", added)
+        assert validated() == {
+            "items_buddy_fkey": ("f", False),
+            "items_during_excl": ("x", True),
+            "items_owner_fkey": ("f", False),
+            "items_pid_fkey": ("f", False),  # items was installed before parent
+        }
+        with psycopg.connect(url) as dst, pytest.raises(psycopg.errors.ExclusionViolation):
+            dst.execute("INSERT INTO items (id, during) VALUES (100, int4range(12, 14))")
+        # Back to back: the schema op may be decoded after the VALIDATE.
+        _run(src, [
+            "UPDATE items SET owner = 1 WHERE owner > 3",
+            "ALTER TABLE items VALIDATE CONSTRAINT items_owner_fkey",
+        ])  # fmt: skip
+        _wait_target(pair, src, url, "items", added)
+        _run(src, ["UPDATE items SET buddy = 1 WHERE buddy > 3"])
+        _wait_target(pair, src, url, "items", added)
+        _run(src, ["ALTER TABLE items VALIDATE CONSTRAINT items_buddy_fkey"])
+        wait_until(
+            lambda: validated()["items_buddy_fkey"] == ("f", True),
+            60,
+            "the target's foreign key validated",
+            interval=0.3,
+        )
+        _wait_target(pair, src, url, "items", added)
         assert pair.status().state == "in_sync"
     finally:
         pair.stop()
