@@ -97,9 +97,8 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.errors import WriterError
 from subscriber.reinit.errors import SnapshotError
-from subscriber.targets.postgres._identity import column_defs
-from subscriber.targets.postgres._copy import pg_type
 from subscriber.targets.postgres._ddl import create_constraints, source_names
+from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._names import create_schema, table_sql
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 from subscriber.targets.postgres.writer import METADATA_SQL, PostgresWriter
