@@ -34,8 +34,9 @@ Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (defaul
 txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk`` and
 ``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
 index on orders) on both sides, ``txrepl maria``, SQLite → a private MariaDB
-target, and ``txrepl maria-pg``, a private MariaDB source (its binary log) → PostgreSQL
-(issue 26), only when named) and
+target, ``txrepl maria-pg``, a private MariaDB source (its binary log) → PostgreSQL,
+and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26), only when
+named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -106,6 +107,7 @@ EXTRA_SYSTEMS = (
     "txrepl pg fk+unique",
     "txrepl maria",
     "txrepl maria-pg",
+    "txrepl pg-maria",
 )
 # The constraint variants of txrepl pg (issue 20), DDL run on both sides after W1's:
 # a foreign key from orders to accounts (the replica role leaves the apply path as
@@ -594,21 +596,27 @@ class TxreplPg(Rig):
         self.conn = pg_source(src_dsn)
         return Source("pg", self.conn), src_dsn, sdb
 
-    def setup(self, run: int) -> Source:
-        from tests.support.workload import PG_SCHEMA
-
-        stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
-        ddb = f"w1tdst_{stamp}"
-        source, src_dsn, sdb = self.open_source(stamp)
-        dst_dsn = self.dst_server.create_database(ddb)
-        self.dbs = (sdb, ddb)
+    def open_target(self, stamp: str) -> tuple[str, str]:
+        """A fresh W1 target with W1's tables: (its URL, its database name)."""
         import psycopg
 
+        from tests.support.workload import PG_SCHEMA
+
+        ddb = f"w1tdst_{stamp}"
+        dst_dsn = self.dst_server.create_database(ddb)
         with psycopg.connect(dst_dsn, autocommit=True) as dst:
             dst.execute(PG_SCHEMA)
-            for conn in (self.conn, dst):
-                if self.extra_ddl:
-                    conn.execute(self.extra_ddl)
+            if self.extra_ddl:
+                dst.execute(self.extra_ddl)
+        return dst_dsn, ddb
+
+    def setup(self, run: int) -> Source:
+        stamp = f"{os.getpid()}_{run}_{int(time.time() * 1000) % 10**7}"
+        source, src_dsn, sdb = self.open_source(stamp)
+        if self.extra_ddl:
+            self.conn.execute(self.extra_ddl)
+        dst_dsn, ddb = self.open_target(stamp)
+        self.dbs = (sdb, ddb)
         self.work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-pg-{run}-", dir=self.base))
         cfg = {
             "server_name": "pub1",
@@ -774,6 +782,30 @@ class TxreplMariaPg(TxreplPg):
         if sdb:
             with contextlib.suppress(Exception):
                 self.maria.drop_database(sdb)
+
+
+class TxreplPgMaria(TxreplPg):
+    """PostgreSQL → txrepl → a MariaDB target (issue 26): the subscriber makes the W1
+    tables from the published schema, as it does for SQLite → MariaDB."""
+
+    target_kind = "maria"
+
+    def __init__(self, base: Path, maria: Any, src_server: Any, dst_server: Any) -> None:
+        super().__init__(base, src_server, dst_server)
+        self.name = "txrepl pg-maria"
+        self.maria = maria
+
+    def open_target(self, stamp: str) -> tuple[str, str]:
+        url: str = self.maria.create_database()
+        return url, url.rsplit("/", 1)[1]
+
+    def teardown(self) -> None:
+        ddb = self.dbs[1]
+        self.dbs = (self.dbs[0], "")
+        super().teardown()
+        if ddb:
+            with contextlib.suppress(Exception):
+                self.maria.drop_database(ddb)
 
 
 def txrepl_pg_support(rig: TxreplPg) -> str | None:
@@ -1202,17 +1234,21 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 measure(TxreplPg(base, src_server, dst_server, plan_ahead=False))
                 for variant in VARIANTS:
                     measure(TxreplPg(base, src_server, dst_server, variant=variant))
-                if "txrepl maria-pg" in cfg.systems:
+                maria_rigs = {"txrepl maria-pg": TxreplMariaPg, "txrepl pg-maria": TxreplPgMaria}
+                wanted = [name for name in maria_rigs if name in cfg.systems]
+                if wanted:
                     from tests.fixtures.mariadb import maria_available, start_maria_instance
 
                     why_not = maria_available()
                     if why_not is not None:
-                        skipped.append(
-                            {"system": "txrepl maria-pg", "measure": "all", "skipped": why_not}
+                        skipped.extend(
+                            {"system": name, "measure": "all", "skipped": why_not}
+                            for name in wanted
                         )
                     else:
                         with start_maria_instance() as maria:
-                            measure(TxreplMariaPg(base, maria, src_server, dst_server))
+                            for name in wanted:
+                                measure(maria_rigs[name](base, maria, src_server, dst_server))
             else:
                 skipped.append({"system": "txrepl pg", "measure": "all", "skipped": why})
     res.rows.extend(skipped)
