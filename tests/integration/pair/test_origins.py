@@ -152,15 +152,18 @@ def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_pair_converges_without_echo(tmp_path: Path, pg_server) -> None:
-    """PostgreSQL ⇄ PostgreSQL (replication origins): the same."""
+@pytest.mark.parametrize("plugin", ["pgoutput", "wal2json"])
+def test_postgres_pair_converges_without_echo(tmp_path: Path, pg_server, plugin: str) -> None:
+    """PostgreSQL ⇄ PostgreSQL (replication origins): the same, decoded by pgoutput
+    (its Origin message) or wal2json (``include-origin``: the origin's id)."""
     nodes = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         dsn = pg_server.create_database()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(TABLE.replace("INTEGER", "integer"))
-        nodes.append(Node(name, tmp_path / name, dsn, ["items"]))
+        node = Node(name, tmp_path / name, dsn, ["items"], publisher_extra={"plugin": plugin})
+        nodes.append(node)
     a, b = nodes
 
     def rows(n: Node) -> object:
