@@ -33,3 +33,12 @@ def latest_row_wins(conflict: Any) -> str:
         return "take_publisher"
     newer = (pub["ts"], pub["node"]) > (loc["ts"], loc["node"])
     return "take_publisher" if newer else "ignore"
+
+
+def merge_republish(conflict: Any) -> tuple[str, dict[str, Any] | None]:
+    """Republish a row of its own, its ``v`` the publisher's joined with the target's:
+    a row neither node had, so only a republish can bring it to the originator."""
+    pub, loc = conflict.publisher_row, conflict.local_row
+    if pub is None or loc is None:
+        return "take_publisher", None
+    return "republish", {**pub, "v": f"{pub['v']}+{loc['v']}"}

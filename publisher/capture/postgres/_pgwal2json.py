@@ -3,7 +3,8 @@
 Options capture starts wal2json with (:data:`WAL2JSON_OPTIONS`) make every message a
 JSON object with an ``action``::
 
-    B  {"lsn": commit LSN, "nextlsn": end LSN, "timestamp": commit time}
+    B  {"lsn": commit LSN, "nextlsn": end LSN, "timestamp": commit time,
+        "origin": the transaction's replication origin id (0: none)}
     C  the same fields as B
     I  {"schema", "table", "columns": [{"name", "type", "typeoid", "value"}, ...]}
     U  as I, plus "identity": the old row (all columns under REPLICA IDENTITY FULL);
@@ -16,6 +17,9 @@ JSON object with an ``action``::
 wal2json has no relation messages: the adapter keeps each table's column list (names,
 type OIDs, declared types) and emits a :class:`Relation` with a stable per-table OID
 whenever it changes, so schema changes are detected the same way as with pgoutput.
+wal2json names a transaction's replication origin by its id (``include-origin``); the
+adapter asks ``origin_name`` for its name (``pg_replication_origin.roname``) and emits
+an :class:`Origin` after the Begin, as pgoutput does (common/origin.py, R2).
 Numbers are kept as the literal text wal2json wrote (numeric keeps its scale), booleans
 become ``t``/``f`` and bytea gets its ``\\x`` prefix back: values then parse exactly as
 pgoutput's text output.  wal2json (2.5, without ``numeric-data-types-as-string``) writes a
@@ -29,7 +33,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any, Final
 
 from publisher.capture.postgres._pgoutput import (
@@ -41,6 +46,7 @@ from publisher.capture.postgres._pgoutput import (
     Event,
     Insert,
     Message,
+    Origin,
     ProtocolError,
     Relation,
     RelColumn,
@@ -48,7 +54,7 @@ from publisher.capture.postgres._pgoutput import (
     Update,
 )
 
-__all__ = ["LOSSY_TYPES", "WAL2JSON_OPTIONS", "Wal2JsonDecoder"]
+__all__ = ["LOSSY_TYPES", "WAL2JSON_OPTIONS", "OriginNames", "Wal2JsonDecoder"]
 
 # Types (as a target spells them, typmod left out) whose NaN and +-Infinity wal2json
 # writes as null.  Arrays are not affected: they travel as their text output.
@@ -60,6 +66,7 @@ WAL2JSON_OPTIONS: Final = {
     "include-timestamp": "1",
     "include-type-oids": "1",
     "include-typmod": "1",
+    "include-origin": "1",
     "filter-tables": "_txrepl.*",
 }
 
@@ -115,12 +122,36 @@ def _datum(v: Any, type_oid: int) -> Datum:
     return v
 
 
+class OriginNames:
+    """Replication origin names by id, read from the source's ``pg_replication_origin``
+    on the capture's admin connection (cached: txrepl never drops an origin)."""
+
+    def __init__(self, admin: Callable[[], Any], lock: threading.Lock) -> None:
+        self._admin = admin
+        self._lock = lock
+        self._names: dict[int, str] = {}
+
+    def __call__(self, ident: int) -> str:
+        name = self._names.get(ident)
+        if name is None:
+            conn = self._admin()
+            with self._lock:
+                row = conn.execute(
+                    "SELECT roname FROM pg_replication_origin WHERE roident = %s", (ident,)
+                ).fetchone()
+            name = str(row[0]) if row else ""
+            if name:
+                self._names[ident] = name
+        return name
+
+
 class Wal2JsonDecoder:
     """Stateful: remembers each table's columns to synthesise relation messages."""
 
-    def __init__(self) -> None:
+    def __init__(self, origin_name: Callable[[int], str] | None = None) -> None:
         self._tables: dict[tuple[str, str], Relation] = {}
         self._next_oid = 1
+        self._origin_name = origin_name  # a replication origin's name by its id
 
     def decode(self, payload: bytes) -> Iterator[Event]:
         try:
@@ -131,6 +162,9 @@ class Wal2JsonDecoder:
         action = msg.get("action")
         if action == "B":
             yield Begin(_lsn(msg["lsn"]), _time_us(msg["timestamp"]), int(msg.get("xid", 0)))
+            origin = int(msg.get("origin") or 0)
+            if origin and self._origin_name is not None:
+                yield Origin(self._origin_name(origin))
         elif action == "C":
             yield Commit(_lsn(msg["lsn"]), _lsn(msg["nextlsn"]), _time_us(msg["timestamp"]))
         elif action in ("I", "U", "D"):

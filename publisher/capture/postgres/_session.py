@@ -60,7 +60,7 @@ from publisher.capture.postgres._pgoutput import (
     parse_pgoutput,
 )
 from publisher.capture.postgres._pgtypes import to_value
-from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, Wal2JsonDecoder
+from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
 from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._stale import STALE_ERRORS, StaleSnapshot
 from publisher.capture.postgres._state import (
@@ -103,7 +103,11 @@ class Session:
         self.touched: set[str] = set()
         self.hold: int | None = None  # confirm the slot no further (a publication refused)
         self.last_feedback = 0.0
-        self.wal2json = Wal2JsonDecoder() if cap.plugin == "wal2json" else None
+        self.wal2json = (
+            Wal2JsonDecoder(OriginNames(cap._admin, cap._lock))
+            if cap.plugin == "wal2json"
+            else None
+        )
         self.flusher = Flusher([p.log for p in pubs])
         self.watch: DdlWatch | None = DdlWatch(cap._admin, cap._lock)
         self.sequences = SequencePositions(cap._admin, cap._lock)

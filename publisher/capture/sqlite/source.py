@@ -2,10 +2,12 @@
 
 Streaming polls the capture table (``SqliteCapture.read``) whenever SQLite's
 ``data_version`` says another connection committed, and at least every
-``poll_interval_s``.  One step, under ``lock``, turns every captured row so far
-into at most one entry per publication, then releases rows every publication
-has logged (at most once a second, or when many wait: deleting takes the
-source's write lock).  Failures are retried with :data:`RETRY`.
+``poll_interval_s``; and again at once after a poll that stopped where the rows'
+origin changes (common/origin.py, R2), since the rows it left were committed
+already and no later commit may come to say so.  One step, under ``lock``, turns
+every captured row so far into at most one entry per publication, then releases
+rows every publication has logged (at most once a second, or when many wait:
+deleting takes the source's write lock).  Failures are retried with :data:`RETRY`.
 
 Snapshot at a consistent seq S (the lock is what makes S exact):
 
@@ -78,6 +80,7 @@ class SqliteSource:
         poll_interval_s: float = 0.005,
         max_entry_bytes: int = SourceOptions.max_entry_bytes,
     ) -> None:
+        self.cut = False  # the last step stopped where the origin changes: rows wait
         self.health = CaptureHealth()  # the streaming loop and the capture's lock waits
         self.capture = SqliteCapture(path, health=self.health)
         self.poll_interval_s = poll_interval_s
@@ -125,9 +128,11 @@ class SqliteSource:
         while not halt.is_set():
             try:
                 if self.capture.changed() or force:
-                    force = False
                     with self.lock:
                         self.step()
+                    # A poll that stopped where the origin changes left committed rows
+                    # behind, which no later commit may come to announce: poll again.
+                    force = self.cut
                 elif self._unreleased:
                     with self.lock:
                         self._release()
@@ -174,6 +179,7 @@ class SqliteSource:
         after = min(p.position for p in live)
         read = 0
         origin: str | None = None  # of the poll's rows: one per group (common/origin.py, R2)
+        self.cut = False
         try:
             while True:
                 rows = self.capture.read(after, upto, max_bytes=self.max_entry_bytes)
@@ -182,6 +188,7 @@ class SqliteSource:
                 cut = next((i for i, r in enumerate(rows) if r.origin != origin), len(rows))
                 if cut < len(rows):  # the origin changes: the poll ends here, the next goes on
                     del rows[cut:]
+                    self.cut = True
                     upto = rows[-1].id if rows else after
                 if not rows:
                     break

@@ -36,7 +36,8 @@ version kept by txrepl was chosen over carrying one.
 Resolution (``subscriber.conflictspec``): ``take_publisher`` leaves the change in the
 step; ``ignore`` takes it out; ``apply`` / ``republish`` take it out and write the
 resolver's row after the step (``republish`` as a local change: outside the
-replica marker, so a publication of this target captures it).  A unique collision
+replica marker, so a publication of this target captures it; on PostgreSQL in a
+transaction of its own after the batch's, ``_republish.py`` says why and how).  A unique collision
 resolved for the publisher deletes the other target row first.  Every conflict is a
 row of ``txrepl_conflicts`` holding both rows, so the losing one is kept.
 """
@@ -65,6 +66,7 @@ from subscriber.targets.conflicts._model import (
     python_resolution,
     row_json,
 )
+from subscriber.targets.conflicts._republish import drain, record
 from subscriber.targets.conflicts._sql import ConflictSql
 
 __all__ = ["ConflictGuard", "ConflictPolicy"]
@@ -120,6 +122,11 @@ def _hash(row: Row) -> str:
     return hashlib.sha1((row_json(row) or "").encode()).hexdigest()
 
 
+def _version(row: Row | None) -> str:
+    """A key's version: the hash of its row, or ABSENT."""
+    return _hash(row) if row else ABSENT
+
+
 def _kind(
     local: Row | None, version: str | None, born: bool, is_up: bool, unversioned: bool
 ) -> str | None:
@@ -145,6 +152,9 @@ class ConflictGuard:
         self._lock = threading.Lock()
         self._counts: dict[tuple[str, str], int] = {}
         self._pending_counts: dict[tuple[str, str], int] = {}
+        # republished rows may wait in txrepl_republish (a crash after their batch's
+        # commit): look once, and after each batch that left some (_republish.py)
+        self.republish_due = sql.republish_after
 
     # -- counts (status, metrics) ---------------------------------------------------
 
@@ -271,7 +281,11 @@ class ConflictGuard:
         if pending is None:
             return
         schema = pending.step.schema
+        after: list[tuple[Row, Row | None]] = []  # republished after the commit
         for key, row, republish in pending.writes:
+            if republish and self.sql.republish_after:
+                after.append((key, None if row is None else {**row, **key}))
+                continue
             if republish:
                 for stmt in self.sql.local_begin:
                     self.sql.run(conn, stmt, ())
@@ -290,10 +304,18 @@ class ConflictGuard:
         # An absent row is versioned too (ABSENT): a row that appears here later is a
         # local change, not a row of before detection.
         params = [
-            (subscription, schema.table, _key_text(key), _hash(local) if local else ABSENT)
+            (subscription, schema.table, _key_text(key), _version(local))
             for key, local in zip(keys, self._fetch_all(conn, schema, keys), strict=True)
             if _key_text(key) not in pending.stale
         ]
+        if after:
+            now = {p[2]: p[3] for p in params}
+            keyed = [(k, _key_text(k), row) for k, row in after]
+            record(
+                self.sql, conn, subscription, schema.table, names,
+                [(k, text, row, now[text]) for k, text, row in keyed],
+            )  # fmt: skip
+            self.republish_due = True
         self.sql.run_many(
             conn,
             "INSERT INTO txrepl_row_versions (subscription, table_name, row_key, "
@@ -302,6 +324,12 @@ class ConflictGuard:
             "RETURNING row_key",
             params,
         )
+
+    def drain_republished(self, conn: Any) -> int:
+        """Write the republished rows left by committed batches (PostgreSQL), in the
+        caller's transaction, which must have no replication origin; the number."""
+        self._prepare(conn)
+        return drain(self.sql, conn, _version)
 
     # -- pieces -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from typing import Any
 from common.names import parse_table, quote_ident
 from subscriber.targets.conflicts._model import jsonable
 
-__all__ = ["ConflictSql", "postgres_sql", "sqlite_sql"]
+__all__ = ["ConflictSql", "pg_json", "postgres_sql", "sqlite_sql"]
 
 _LOG_COLUMNS = """
     subscription   TEXT NOT NULL,
@@ -56,6 +56,9 @@ class ConflictSql:
     local_end: tuple[str, ...]
     unique_keys: Callable[[Any, str], list[list[str]]]
     evaluate: Callable[[Any, str, str, dict[str, Any], dict[str, Any]], object]
+    # republished rows are written after the batch commits, in a transaction of their
+    # own (PostgreSQL, whose replication origin marks whole transactions: _republish.py)
+    republish_after: bool = False
 
 
 def _sqlite_run(conn: Any, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
@@ -121,6 +124,19 @@ def sqlite_sql(bind: Callable[[object], object]) -> ConflictSql:
     )
 
 
+REPUBLISH_DDL = """
+CREATE TABLE IF NOT EXISTS txrepl_republish (
+    id           BIGSERIAL PRIMARY KEY,
+    subscription TEXT NOT NULL,
+    table_name   TEXT NOT NULL,
+    row_key      JSONB NOT NULL,   -- {column: value}
+    version_key  TEXT NOT NULL,    -- the key as txrepl_row_versions names it
+    "row"        JSONB,            -- the resolver's row; NULL: delete the key
+    columns      JSONB NOT NULL,   -- the table's replicated columns
+    expect       TEXT NOT NULL     -- the key's version as the batch left it
+)"""  # PostgreSQL's republished rows between their two transactions (_republish.py)
+
+
 def _pg_run(cur: Any, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
     cur.execute(text, tuple(params))
     return list(cur.fetchall()) if cur.description else []
@@ -150,7 +166,9 @@ GROUP BY i.indexrelid
 """
 
 
-def _pg_json(row: dict[str, Any]) -> str:
+def pg_json(row: dict[str, Any]) -> str:
+    """A row as JSON that ``jsonb_populate_record`` reads back (bytes as ``\\x`` hex)."""
+
     def cell(v: Any) -> Any:
         if isinstance(v, bytes | bytearray | memoryview):
             return "\\x" + bytes(v).hex()
@@ -172,7 +190,7 @@ def postgres_sql(replication_role: str = "replica") -> ConflictSql:
             f"SELECT ({expr.replace('%', '%%')}) FROM jsonb_populate_record(NULL::{t}, "
             f"%s::jsonb) AS pub, jsonb_populate_record(NULL::{t}, %s::jsonb) AS loc"
         )
-        cur.execute(text, (_pg_json(pub), _pg_json(loc)))
+        cur.execute(text, (pg_json(pub), pg_json(loc)))
         return cur.fetchone()[0]
 
     return ConflictSql(
@@ -188,9 +206,11 @@ def postgres_sql(replication_role: str = "replica") -> ConflictSql:
             + _LOG_COLUMNS
             + ")",
             _VERSIONS,
+            REPUBLISH_DDL,
         ),
         local_begin=("SELECT set_config('session_replication_role', 'origin', true)",),
         local_end=(f"SELECT set_config('session_replication_role', '{replication_role}', true)",),
         unique_keys=lambda cur, t: [list(r[0]) for r in _pg_run(cur, _PG_UNIQUE, (table(t),))],
         evaluate=evaluate,
+        republish_after=True,
     )

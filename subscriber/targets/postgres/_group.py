@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import structlog
 
 from subscriber.apply.errors import WriterError
 from subscriber.apply.writer import RowsStep, Step
@@ -26,6 +27,8 @@ from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
+
+log = structlog.get_logger("txrepl.subscriber.conflicts")
 
 METADATA_SQL = MetadataSql(
     mark="%({})s", now="now()", lock_suffix=" FOR UPDATE", make_level_row=True
@@ -43,6 +46,7 @@ class GroupWrites(HeldWrites):
     _lock: threading.Lock
     _conn: psycopg.Connection[Any] | None
     conflicts: ConflictGuard | None
+    apply_origin: str  # the node the next batch's changes come from
 
     def write_held(
         self,
@@ -78,6 +82,8 @@ class GroupWrites(HeldWrites):
             return written
 
         with self._lock:
+            if not held.open:
+                self._republish(subscription, first_seq, before=True)
             grouped = held.open or not commit  # no JDBC stages: emptied by a rollback too
             staged = {} if grouped else self._jdbc_stages(subscription, first_seq, steps)
             try:
@@ -99,9 +105,32 @@ class GroupWrites(HeldWrites):
                 held.clear()
                 if self.conflicts is not None:
                     self.conflicts.committed()
+                self._republish(subscription, first_seq, before=False)
             else:
                 held.hold(subscription, last_seq)
             return written
+
+    def _republish(self, subscription: str, seq: int, *, before: bool) -> None:
+        """Write the rows a committed batch republished, in a transaction with no
+        replication origin (subscriber/targets/conflicts/_republish.py).  After a
+        batch's commit a failure leaves them for the next batch, which tries first
+        (``before``) and fails, to be retried, if it cannot."""
+        guard = self.conflicts
+        if guard is None or not guard.republish_due:
+            return
+        saved, self.apply_origin = self.apply_origin, ""
+        try:
+            n = self._run(subscription, seq, guard.drain_republished)
+            guard.republish_due = False
+            if n:
+                log.info("republished", subscription=subscription, rows=n)
+        except WriterError as exc:  # TransientError too
+            if before:
+                raise
+            log.warning("republish left for the next batch", subscription=subscription,
+                        error=str(exc))  # fmt: skip
+        finally:
+            self.apply_origin = saved
 
     def abandon(self) -> None:
         """Roll back a group's held transaction, if one is open."""

@@ -152,15 +152,18 @@ def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres
-def test_postgres_pair_converges_without_echo(tmp_path: Path, pg_server) -> None:
-    """PostgreSQL ⇄ PostgreSQL (replication origins): the same."""
+@pytest.mark.parametrize("plugin", ["pgoutput", "wal2json"])
+def test_postgres_pair_converges_without_echo(tmp_path: Path, pg_server, plugin: str) -> None:
+    """PostgreSQL ⇄ PostgreSQL (replication origins): the same, decoded by pgoutput
+    (its Origin message) or wal2json (``include-origin``: the origin's id)."""
     nodes = []
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         dsn = pg_server.create_database()
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute(TABLE.replace("INTEGER", "integer"))
-        nodes.append(Node(name, tmp_path / name, dsn, ["items"]))
+        node = Node(name, tmp_path / name, dsn, ["items"], publisher_extra={"plugin": plugin})
+        nodes.append(node)
     a, b = nodes
 
     def rows(n: Node) -> object:
@@ -200,3 +203,48 @@ def test_mixed_pair_converges_without_echo(tmp_path: Path, pg_server) -> None:
         lambda: _workload(_pg_writer(dsn), "b", range(2, 60, 2)),
     )
     _pair(a, b, writers, rows)
+
+
+def test_sqlite_ring_converges_without_loops(tmp_path: Path) -> None:
+    """A → B → C → A (SQLite), all three writing disjoint rows at once: every node
+    ends with every row, and each change went round once (R3 stops it at the node
+    before its origin): each log holds its own node's changes exactly once and the
+    others' no more often than they were made."""
+    nodes = []
+    for name in ("a", "b", "c"):
+        (tmp_path / name).mkdir()
+        db = tmp_path / name / "node.db"
+        with sqlite3.connect(db) as conn:
+            conn.execute(TABLE)
+        nodes.append(Node(name, tmp_path / name, f"sqlite:///{db}", ["items"]))
+    a, b, c = nodes
+
+    def rows(n: Node) -> object:
+        return sqlite_rows(n.workdir / "node.db", "items")
+
+    try:
+        for n in nodes:
+            n.start_publisher()
+        _concurrently(*[
+            lambda n=n, up=up: _started(n.start_subscriber([up]))
+            for n, up in ((b, a), (c, b), (a, c))
+        ])  # fmt: skip
+        wait_until(lambda: caught_up(nodes), 90, "the install snapshots", interval=0.1)
+        made = _concurrently(*[
+            lambda n=n, k=k: _workload(_sqlite_writer(n.workdir / "node.db"), n.name,
+                                       range(1000 * k + 1, 1000 * k + 40, 2))
+            for k, n in enumerate(nodes)
+        ])  # fmt: skip
+        _settle(nodes, rows, nodes)
+        final = rows(a)
+    finally:
+        for n in nodes:
+            n.stop()
+    assert isinstance(final, list)
+    assert {r[2] for r in final} == {"a", "b", "c"}
+    for n, own in zip(nodes, made, strict=True):
+        log = row_ops_by_origin(n.logged())
+        assert log[n.name] == own, (n.name, log)
+        for other, theirs in zip(nodes, made, strict=True):
+            if other is not n:
+                assert 0 < log[other.name] <= theirs, (n.name, log)

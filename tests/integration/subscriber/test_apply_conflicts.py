@@ -267,6 +267,44 @@ def test_republish_writes_as_a_local_change(seeded: Target, backend: Backend) ->
     assert seeded.backend.query("SELECT id FROM seen") == [(1,)]
 
 
+@pytest.mark.postgres
+def test_postgres_republish_left_by_a_failure_is_written_first(
+    spark: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """On PostgreSQL a republished row is written in a transaction of its own after the
+    batch's (no replication origin: _republish.py).  When that one fails (here the
+    target's trigger refuses it; a crash would leave the same), the row waits in
+    ``txrepl_republish`` and the next writer writes it before its first batch."""
+    backend = make_backend("postgresql", request, tmp_path)
+    resolver = "python:tests.support.conflict_resolvers:republish"
+    t = Target(spark, backend, resolver)
+    t.apply(_entry(schema_op(ITEMS), ins("items", 1, "r1", D("1.00")), ins("items", 2, "r2", 1)))
+    t.local(
+        "UPDATE items SET name = 'local1' WHERE id = 1;"
+        "CREATE TABLE refuse (on_ boolean); INSERT INTO refuse VALUES (true);"
+        "CREATE FUNCTION no() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF (SELECT bool_or(on_) FROM refuse) THEN RAISE EXCEPTION 'refused'; END IF; "
+        "RETURN new; END $$;"
+        "CREATE TRIGGER no BEFORE UPDATE ON items FOR EACH ROW EXECUTE FUNCTION no()"
+    )
+    t.apply(_entry(upd("items", (1,), 1, "pub1", D("2.00"))))  # committed, not republished
+    assert [c["decision"] for c in t.conflicts()] == ["republish"]
+    assert t.items()[0] == (1, "local1", "1.00")
+    assert backend.query("SELECT count(*) FROM txrepl_republish") == [(1,)]
+    t.close()
+    t.local("UPDATE refuse SET on_ = false")
+    again = Target(spark, backend, resolver)
+    again.seq = t.seq
+    again.apply(_entry(upd("items", (2,), 2, "pub2", D("2.00"))))
+    assert again.items() == [(1, "pub1", "2.00"), (2, "pub2", "2.00")]
+    assert backend.query("SELECT count(*) FROM txrepl_republish") == [(0,)]
+    # The republished row is the key's version: the publisher's next change applies.
+    again.apply(_entry(upd("items", (1,), 1, "pub1b", D("3.00"))))
+    assert again.items()[0] == (1, "pub1b", "3.00")
+    assert len(again.conflicts()) == 1
+    again.close()
+
+
 def test_unique_collision(spark: Any, backend: Backend) -> None:
     """A publisher's row taking the unique value of another target row: the other row
     goes (publisher wins) and is kept in the log."""

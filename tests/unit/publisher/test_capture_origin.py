@@ -5,11 +5,13 @@ source's node, and a poll never mixes the two in one entry."""
 from __future__ import annotations
 
 import sqlite3
+import threading
 from pathlib import Path
 
 from common.values import decode
 from publisher.capture.sqlite.source import SqliteSource
 from publisher.publication import Publication
+from tests.support.harness import wait_until
 from tests.support.pg_capture import open_pub, read_entries
 
 
@@ -49,6 +51,29 @@ def test_applied_rows_keep_their_origin_and_polls_split_by_origin(tmp_path: Path
     ]
     assert got == [("paris", [1]), ("lyon", [2, 3, 4]), ("paris", [5])]
     assert not any(e.continued for e in entries)  # three groups, not one of three origins
+
+
+def test_streaming_logs_the_rows_a_poll_left_at_an_origin_change(tmp_path: Path) -> None:
+    """Rows of two origins committed, then no write at all: streaming logs them all
+    (a poll stops where the origin changes, and the rows after it were left until the
+    next commit; in a pair the last changes of a node then never left it)."""
+    conn, source, pub = _setup(tmp_path)
+    conn.execute("INSERT INTO t VALUES (1, 'a')")
+    _applied(conn, "lyon", range(2, 5))
+    conn.execute("INSERT INTO t VALUES (5, 'b')")
+    halt = threading.Event()
+    streaming = threading.Thread(target=source.stream, args=([pub], halt))
+    streaming.start()
+    try:
+        wait_until(lambda: pub.log.head >= 3, 30, "the three groups of rows to be logged")
+    finally:
+        halt.set()
+        streaming.join()
+    got = [
+        (e.origin, [decode(op.row.row[0]) for op in e.ops if op.HasField("row")])
+        for e in read_entries(pub)
+    ]
+    assert got == [("paris", [1]), ("lyon", [2, 3, 4]), ("paris", [5])]
 
 
 def test_triggers_of_an_earlier_build_are_rebuilt_to_carry_origins(tmp_path: Path) -> None:
