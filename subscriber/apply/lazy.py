@@ -17,6 +17,7 @@ the proxy itself (the engine's ``_txrepl_warm`` mark) stay on the proxy.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -42,8 +43,10 @@ class LazySpark:
         self._thread.start()
 
     def _run(self) -> None:
+        began = time.monotonic()
         try:
             self._session = self._start()
+            log.info("spark session started", seconds=round(time.monotonic() - began, 3))
         except BaseException as e:  # kept for the first use, which raises it
             self._error = e
             log.error("Spark session did not start", error=f"{type(e).__name__}: {e}")

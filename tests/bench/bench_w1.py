@@ -46,7 +46,9 @@ working on one of them; the figures in the README come from full runs.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import decimal
+import json
 import multiprocessing as mp
 import os
 import sqlite3
@@ -357,6 +359,17 @@ def visibility_poller(
 # -- systems under test -----------------------------------------------------------------
 
 
+def _spark_ready_at(daemon: Daemon | None) -> float | None:
+    """When ``daemon``'s log says its Spark session started (wall time), else None."""
+    if daemon is None:
+        return None
+    for line in daemon.log_path.read_text(errors="replace").splitlines():
+        if '"spark session started"' in line:
+            stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
+            return datetime.datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
 class Rig:
     """One configuration: fresh source and target per run; the subscriber started on demand."""
 
@@ -391,6 +404,11 @@ class Rig:
     def restart_publisher(self, source: Source, stmts: list[Stmt]) -> float | None:
         """Stop the publisher, commit ``stmts`` on the source, start it again: seconds from
         its launch until the publication's head holds that transaction."""
+        return None
+
+    def spark_ready_at(self) -> float | None:
+        """Wall time the subscriber's Spark session was up (its log's ``spark session
+        started``), None when there is none: the JVM's start is start-up, not apply."""
         return None
 
     def restart_subscriber(self) -> float | None:
@@ -443,6 +461,9 @@ class TxreplSqlite(Rig):
         )
         self.launched = launched
         return first - launched, first
+
+    def spark_ready_at(self) -> float | None:
+        return _spark_ready_at(self.pair.sub if self.pair else None)
 
     def metrics(self) -> list[str]:
         pair = self.pair
@@ -685,6 +706,9 @@ class TxreplPg(Rig):
         self.launched = launched
         return first - launched, first
 
+    def spark_ready_at(self) -> float | None:
+        return _spark_ready_at(self.sub)
+
     def metrics(self) -> list[str]:
         return [d.metrics_address for d in (self.pub, self.sub) if d]
 
@@ -856,6 +880,13 @@ def catch_up(
             same = source.checksum() == w1_checksum(target)
         finally:
             target.close()
+        # The apply counts from when the subscriber is syncing and its Spark session is
+        # up: the JVM starts beside the subscriptions (subscriber/apply/lazy.py), and its
+        # start is start-up, as it was when the daemon started Spark first.
+        ready = rig.spark_ready_at()
+        spark_wait_s = max(0.0, ready - began) if ready is not None else 0.0
+        began += spark_wait_s
+        startup_s += spark_wait_s
         apply_s = max(done - began, 1e-9)
         return {
             "system": rig.name,
