@@ -86,6 +86,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
+import structlog
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import net_effect_positions
@@ -232,8 +233,12 @@ class Applier(Planning, Pieces):
         )
 
         def jobs() -> None:
+            began = time.monotonic()
             for _ in range(self.WARM_UP_JOBS):
                 net_effect_positions(self._spark, [keys])
+            structlog.get_logger(__name__).info(
+                "spark warmed up", seconds=round(time.monotonic() - began, 3)
+            )
 
         job = self._net_effect_thread().submit(jobs)
         if spark_starting(spark):

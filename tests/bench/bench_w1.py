@@ -360,11 +360,11 @@ def visibility_poller(
 
 
 def _spark_ready_at(daemon: Daemon | None) -> float | None:
-    """When ``daemon``'s log says its Spark session started (wall time), else None."""
+    """When ``daemon``'s log says its Spark session is warm (wall time), else None."""
     if daemon is None:
         return None
     for line in daemon.log_path.read_text(errors="replace").splitlines():
-        if '"spark session started"' in line:
+        if '"spark warmed up"' in line:
             stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
             return datetime.datetime.fromisoformat(stamp).timestamp()
     return None
@@ -407,8 +407,9 @@ class Rig:
         return None
 
     def spark_ready_at(self) -> float | None:
-        """Wall time the subscriber's Spark session was up (its log's ``spark session
-        started``), None when there is none: the JVM's start is start-up, not apply."""
+        """Wall time the subscriber's Spark session was up and warm (its log's ``spark
+        warmed up``), None when there is none: the JVM's start and the engine's warm-up
+        jobs are start-up, not apply, as when the daemon ran them before connecting."""
         return None
 
     def restart_subscriber(self) -> float | None:
@@ -881,8 +882,9 @@ def catch_up(
         finally:
             target.close()
         # The apply counts from when the subscriber is syncing and its Spark session is
-        # up: the JVM starts beside the subscriptions (subscriber/apply/lazy.py), and its
-        # start is start-up, as it was when the daemon started Spark first.
+        # up and warm: the JVM starts beside the subscriptions (subscriber/apply/lazy.py)
+        # and the warm-up jobs run once it is up; both are start-up, as they were when
+        # the daemon ran them before connecting.
         ready = rig.spark_ready_at()
         spark_wait_s = max(0.0, ready - began) if ready is not None else 0.0
         began += spark_wait_s
