@@ -35,17 +35,22 @@ SCALE = int(os.environ.get("TXREPL_DIFF_SCALE", "1"))
 # (test_pg_types.py::test_a_type_that_cannot_be_carried_is_refused_at_install).
 EXCLUDED = {
     ("sqlite", "postgresql", ""): ("c_any",),
-    ("postgresql", "postgresql", "wal2json"): ("c_num", "c_num_s", "c_f4", "c_f8"),
+    ("postgresql", "postgresql", "wal2json_jdbc"): ("c_num", "c_num_s", "c_f4", "c_f8"),
+    ("postgresql", "sqlite", "wal2json"): ("c_num", "c_num_s", "c_f4", "c_f8"),
 }
 
-# The other capture and apply paths, run in one combination each: wal2json capture,
-# with Spark's JDBC staging for every batch on the PostgreSQL target.
-WAL2JSON_JDBC: dict[str, dict[str, Any]] = {
-    "publisher": {"plugin": "wal2json"},
-    "subscriber": {
-        "spark": {"jars": ["/usr/share/java/postgresql.jar"]},
-        "apply": {"jdbc_min_rows": 1, "spark_min_rows": 0},
-    },
+# The other capture and apply paths, run in one combination each (publisher's and
+# subscriber's extra settings): wal2json capture, with Spark's JDBC staging for every
+# batch on the PostgreSQL target; wal2json capture into a SQLite target.
+PATHS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "wal2json_jdbc": (
+        {"plugin": "wal2json"},
+        {
+            "spark": {"jars": ["/usr/share/java/postgresql.jar"]},
+            "apply": {"jdbc_min_rows": 1, "spark_min_rows": 0},
+        },
+    ),
+    "wal2json": ({"plugin": "wal2json"}, {}),
 }
 
 COMBOS = [
@@ -54,7 +59,9 @@ COMBOS = [
     pytest.param("postgresql", "sqlite", "", id="postgresql-sqlite", marks=pytest.mark.postgres),
     pytest.param("postgresql", "postgresql", "", id="postgresql-postgresql",
                  marks=pytest.mark.postgres),
-    pytest.param("postgresql", "postgresql", "wal2json", id="postgresql-postgresql-wal2json_jdbc",
+    pytest.param("postgresql", "postgresql", "wal2json_jdbc",
+                 id="postgresql-postgresql-wal2json_jdbc", marks=pytest.mark.postgres),
+    pytest.param("postgresql", "sqlite", "wal2json", id="postgresql-sqlite-wal2json",
                  marks=pytest.mark.postgres),
 ]  # fmt: skip
 
@@ -153,7 +160,8 @@ def test_target_equals_source(
     values left out of updates), key changes, deletes and transactions over many
     tables reach the target exactly: rows present at install, one big batch, then
     live small batches; and a reinit (the snapshot path) rebuilds a damaged target.
-    ``path`` "wal2json": wal2json capture and JDBC staging instead of pgoutput and COPY."""
+    ``path`` (PATHS) "wal2json_jdbc": wal2json capture and JDBC staging instead of
+    pgoutput and COPY; "wal2json": wal2json capture into a SQLite target."""
     txns *= SCALE
     schema = make_schema(
         source,
@@ -166,7 +174,8 @@ def test_target_equals_source(
     conn = _connect(schema, src_url)
     work = Workload(schema, seed)
     run(conn, source, work.transactions(20))  # present when the tables are added
-    extra: dict[str, Any] = dict(WAL2JSON_JDBC["publisher"]) if path else {}
+    pub_extra, sub_extra = PATHS.get(path, ({}, {}))
+    extra: dict[str, Any] = dict(pub_extra)
     if source == "postgresql":
         extra["slot"] = "txrepl_" + src_url.rsplit("/", 1)[-1]
     pair = Pair(
@@ -175,7 +184,7 @@ def test_target_equals_source(
         source_url=src_url,
         target_url=dst_url,
         publisher_extra=extra,
-        subscriber_extra=WAL2JSON_JDBC["subscriber"] if path else {},
+        subscriber_extra=sub_extra,
     )
     try:
         pair.start_publisher()
@@ -189,7 +198,7 @@ def test_target_equals_source(
             run(conn, source, iter([stmts]))
             time.sleep(0.01)
         _settle(pair, schema, src_url, target, dst_url)
-        if path:  # the rows went through Spark's JDBC staging tables
+        if path == "wal2json_jdbc":  # the rows went through Spark's JDBC staging tables
             import psycopg
 
             with psycopg.connect(dst_url) as dst:
