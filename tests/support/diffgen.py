@@ -110,6 +110,10 @@ SQLITE_COLUMNS: list[SqliteColumn] = [
                  _choice("2024-02-29 12:34:56", "now", 1700000000)),
     SqliteColumn("c_dt", "DATETIME", _choice("2000-01-01T00:00:00", None),
                  _choice("2000-01-01 00:00:00.5")),
+    SqliteColumn("c_tstz", "TIMESTAMPTZ",
+                 _choice("2024-02-29T12:34:56.789012+02:00", "2000-01-01T00:00:00-05:30",
+                         "0001-01-01T00:00:00+00:00", "9999-12-31T23:59:59.5+00:00", None),
+                 _choice("tomorrow", 1700000000)),
     SqliteColumn("c_vc", "VARCHAR(20)", lambda r: r.choice([_text(r).replace("\x00", ""), None]),
                  _choice(7, 0.25)),
     SqliteColumn("c_json", "JSON", _choice('{"b": 1,  "a": [1, 2.50]}', "[]", "null", None),
@@ -450,6 +454,12 @@ def sqlite_to_pg(decl: str, cell: Cell) -> Cell:
     text = bytes.fromhex(str(v)).decode()
     if d in ("TIMESTAMP", "DATETIME"):
         return ("pg", dt.datetime.fromisoformat(text).isoformat(" "))
+    if d == "TIMESTAMPTZ":  # the instant, shown in UTC (pg_types.table_text's TimeZone)
+        at = dt.datetime.fromisoformat(text).astimezone(dt.UTC).isoformat(" ")
+        at = at.removesuffix("+00:00")
+        if "." in at:  # PostgreSQL shows no trailing zeros of the fraction
+            at = at.rstrip("0").rstrip(".")
+        return ("pg", at + "+00")
     return ("pg", text)
 
 
