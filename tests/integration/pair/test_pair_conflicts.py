@@ -17,11 +17,8 @@ log (test_origins.py has the argument).  The workload never re-inserts a deleted
 from __future__ import annotations
 
 import json
-import random
 import sqlite3
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,83 +26,15 @@ import pytest
 
 from tests.support.harness import wait_until
 from tests.support.nodes import Node, caught_up, row_ops_by_origin, sqlite_rows
+from tests.support.pair_workload import TABLE_SQLITE, Keys, Writer, concurrently, workload
 
 pytestmark = [pytest.mark.spark]
 
-TABLE = "CREATE TABLE items (id INTEGER PRIMARY KEY, v TEXT, ts INTEGER, node TEXT)"
-SHARED = range(1, 21)  # inserted by both nodes (insert_exists), never deleted
 DOWN_TXNS = 40  # random transactions per node while A's subscriber is down
 UPDATABLE = {
     "conflicts": "python:tests.support.conflict_resolvers:latest_row_wins",
     "conflict_pair": True,
 }
-
-
-class _Keys:
-    """Fresh keys for single inserts, handed out once across both writers."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.next = 1000
-
-    def fresh(self) -> int:
-        with self.lock:
-            self.next += 1
-            return self.next
-
-
-def _workload(conn: sqlite3.Connection, name: str, seed: int, keys: _Keys, n: int) -> int:
-    """``n`` transactions of one statement each; returns the row changes made.
-
-    Each takes the write lock before reading its time (``BEGIN IMMEDIATE``), so its
-    ``ts`` is later than every row it may overwrite, the apply's included (a time read
-    before waiting on the apply's lock would let an older write overwrite a newer row,
-    which no resolver can undo)."""
-    rnd = random.Random(seed)
-    shared = list(SHARED)
-    rnd.shuffle(shared)
-    made = 0
-    for _ in range(n):
-        conn.execute("BEGIN IMMEDIATE")
-        now = time.time_ns() // 1000
-        ids = [r[0] for r in conn.execute("SELECT id FROM items")]
-        roll = rnd.random()
-        if shared and (roll < 0.15 or not ids):
-            k = shared.pop()
-            cur = conn.execute(  # the other node's insert may be here already
-                "INSERT INTO items VALUES (?, ?, ?, ?) ON CONFLICT (id) DO UPDATE "
-                "SET v = excluded.v, ts = excluded.ts, node = excluded.node",
-                (k, f"{name}-ins", now, name),
-            )
-        elif roll < 0.3 or not ids:
-            cur = conn.execute(
-                "INSERT INTO items VALUES (?, ?, ?, ?)", (keys.fresh(), f"{name}-ins", now, name)
-            )
-        elif roll < 0.4 and [i for i in ids if i not in SHARED]:
-            victim = rnd.choice([i for i in ids if i not in SHARED])
-            cur = conn.execute("DELETE FROM items WHERE id = ?", (victim,))
-        else:  # mostly updates of the shared keys: the conflicts
-            pool = [i for i in ids if i in SHARED] or ids
-            cur = conn.execute(
-                "UPDATE items SET v = ?, ts = ?, node = ? WHERE id = ?",
-                (f"{name}-{rnd.randrange(1000)}", now, name, rnd.choice(pool)),
-            )
-        conn.execute("COMMIT")
-        made += cur.rowcount
-        time.sleep(rnd.random() * 0.01)
-    return made
-
-
-def _concurrently(*jobs: Callable[[], int]) -> list[int]:
-    out = [0] * len(jobs)
-    threads = [
-        threading.Thread(target=lambda n=n: out.__setitem__(n, jobs[n]())) for n in range(len(jobs))
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 def _conflicts(db: Path) -> list[dict[str, Any]]:
@@ -139,31 +68,24 @@ def _sqlite_pair(tmp_path: Path) -> tuple[list[Node], list[Path]]:
         (tmp_path / name).mkdir()
         db = tmp_path / name / "node.db"
         with sqlite3.connect(db) as conn:
-            conn.execute(TABLE)
+            conn.execute(TABLE_SQLITE)
         nodes.append(
             Node(name, tmp_path / name, f"sqlite:///{db}", ["items"], subscription_extra=UPDATABLE)
         )
     return nodes, [n.workdir / "node.db" for n in nodes]
 
 
-def _now(conn: sqlite3.Connection, stmt: str) -> None:
-    """``stmt`` with its ``ts`` read under the write lock (as in :func:`_workload`)."""
-    conn.execute("BEGIN IMMEDIATE")
-    conn.execute(stmt, (time.time_ns() // 1000,))
-    conn.execute("COMMIT")
-
-
-def _crossed_while_down(conns: list[sqlite3.Connection], b_db: Path) -> tuple[int, int]:
+def _crossed_while_down(writers: list[Writer], b_db: Path) -> tuple[int, int]:
     """A row A inserted (so A's subscriber never wrote it: no row version there) is
     updated on B, then later on A while A's subscriber is down.  When it comes back,
     B's older update reaches a row A changed since: a conflict, which A's later row
     wins (trusting the unversioned row, without ``conflict_pair``, would take B's and the
     pair would cross).
     Returns the row changes made on A and on B."""
-    _now(conns[0], "INSERT INTO items VALUES (500, 'a-ins', ?, 'a')")
+    writers[0].now("INSERT INTO items VALUES (500, 'a-ins', ?, 'a')")
     wait_until(lambda: any(r[0] == 500 for r in sqlite_rows(b_db, "items")), 30, "B to get 500")
-    _now(conns[1], "UPDATE items SET v = 'b-old', ts = ?, node = 'b' WHERE id = 500")
-    _now(conns[0], "UPDATE items SET v = 'a-new', ts = ?, node = 'a' WHERE id = 500")
+    writers[1].now("UPDATE items SET v = 'b-old', ts = ?, node = 'b' WHERE id = 500")
+    writers[0].now("UPDATE items SET v = 'a-new', ts = ?, node = 'a' WHERE id = 500")
     return 2, 1
 
 
@@ -172,29 +94,26 @@ def _run(tmp_path: Path, *, down: bool) -> None:
     on, and started again); settle and check."""
     nodes, dbs = _sqlite_pair(tmp_path)
     a, b = nodes
-    keys = _Keys()
+    keys = Keys()
     made = [0, 0]
     try:
         a.start_publisher()
         b.start_publisher()
-        _concurrently(lambda: bool(a.start_subscriber([b])), lambda: bool(b.start_subscriber([a])))
+        concurrently(lambda: bool(a.start_subscriber([b])), lambda: bool(b.start_subscriber([a])))
         wait_until(lambda: caught_up(nodes), 90, "the install snapshots", interval=0.1)
-        conns = [
-            sqlite3.connect(db, timeout=30, isolation_level=None, check_same_thread=False)
-            for db in dbs
-        ]
+        writers = [Writer(n.url) for n in nodes]
         count = 80 if down else 150
-        made = _concurrently(
-            lambda: _workload(conns[0], "a", 24, keys, count),
-            lambda: _workload(conns[1], "b", 25, keys, count),
+        made = concurrently(
+            lambda: workload(writers[0], "a", 24, keys, count),
+            lambda: workload(writers[1], "b", 25, keys, count),
         )
         if down:
             assert a.sub is not None
             a.sub.stop()
-            crossed = _crossed_while_down(conns, dbs[1])
-            more = _concurrently(
-                lambda: _workload(conns[0], "a", 26, keys, DOWN_TXNS),
-                lambda: _workload(conns[1], "b", 27, keys, DOWN_TXNS),
+            crossed = _crossed_while_down(writers, dbs[1])
+            more = concurrently(
+                lambda: workload(writers[0], "a", 26, keys, DOWN_TXNS),
+                lambda: workload(writers[1], "b", 27, keys, DOWN_TXNS),
             )
             made = [x + y + z for x, y, z in zip(made, crossed, more, strict=True)]
             a.start_subscriber([b])
