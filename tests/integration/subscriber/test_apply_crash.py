@@ -124,6 +124,8 @@ def crash_and_recover(target: Path, kills: int, total: int) -> None:
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline()  # the first commit: Spark is warm now
+            while line and not line.startswith("applied"):  # the engine's log lines
+                line = proc.stdout.readline()
             assert line.startswith("applied"), f"child failed before applying: {line!r}"
             time.sleep(rng.uniform(0.0, 1.5))
         finally:

@@ -75,6 +75,8 @@ def test_status_names_missing_executors_and_a_stopped_context_is_replaced(
     def step() -> dict[str, object]:
         assert child.stdout is not None
         line = child.stdout.readline()
+        while line and not line.startswith('{"step"'):  # a log line (a retried start)
+            line = child.stdout.readline()
         assert line, f"child ended: {(tmp_path / 'child.log').read_text()[-3000:]}"
         got: dict[str, object] = json.loads(line)
         return got
