@@ -355,7 +355,8 @@ class ConflictGuard:
         got = self.sql.run_many(
             conn,
             f"SELECT {', '.join(quote_ident(n) for n in names)} FROM "
-            f"{self.sql.table(schema.table)} WHERE {self._where(list(keys[0]))}",
+            f"{self.sql.table(schema.table)} WHERE {self._where(list(keys[0]))}"
+            f"{self.sql.lock_rows}",
             [[self.sql.bind(v) for v in key.values()] for key in keys],
         )
         return [dict(zip(names, rows[0], strict=True)) if rows else None for rows in got]

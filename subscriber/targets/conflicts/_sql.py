@@ -59,6 +59,11 @@ class ConflictSql:
     # republished rows are written after the batch commits, in a transaction of their
     # own (PostgreSQL, whose replication origin marks whole transactions: _republish.py)
     republish_after: bool = False
+    # appended to the read of the target's rows: PostgreSQL locks them for the batch's
+    # transaction, so an application's write cannot land between the check and the
+    # apply's write (it waits, then changes the row the apply left: a local change,
+    # published as such).  SQLite's BEGIN IMMEDIATE already holds the database.
+    lock_rows: str = ""
 
 
 def _sqlite_run(conn: Any, text: str, params: Sequence[object]) -> list[tuple[Any, ...]]:
@@ -195,6 +200,7 @@ def postgres_sql(replication_role: str = "replica") -> ConflictSql:
 
     return ConflictSql(
         name="postgresql",
+        lock_rows=" FOR UPDATE",
         mark="%s",
         table=table,
         bind=lambda v: v,
