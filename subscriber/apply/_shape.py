@@ -150,12 +150,20 @@ def _named(df: DataFrame, source: pb.TableSchema) -> DataFrame:
     return df.select(*cols)
 
 
-def _positional(df: DataFrame, exprs: Sequence[tuple[str, str]], keep: Sequence[str]) -> DataFrame:
+def _positional(
+    df: DataFrame, exprs: Sequence[tuple[str, str]], keep: Sequence[str], variant: set[str]
+) -> DataFrame:
+    """Target columns by position: ``v{j}`` where the expression is a source column
+    carried variant (its encoded ``Value`` bytes: a time past 24:00, a value of an
+    untyped SQLite column), ``c{j}`` otherwise, so the writer decodes it as such."""
     # deferred: pyspark loads with the first Spark job, not with this module
     from pyspark.sql import functions as F
 
     cols = [F.col(k) for k in keep]
-    cols += [F.expr(text).alias(f"c{j}") for j, (_, text) in enumerate(exprs)]
+    cols += [
+        F.expr(text).alias(f"{'v' if text in variant else 'c'}{j}")
+        for j, (_, text) in enumerate(exprs)
+    ]
     return df.select(*cols)
 
 
@@ -170,9 +178,10 @@ def shaped_rows(
     from pyspark.sql import functions as F
 
     df = _named(survivors, source)
+    variant = {_q(c.name) for i, c in enumerate(source.columns) if f"v{i}" in survivors.columns}
     if opts.filter:
         df = df.withColumn("_del", F.col("_del") | ~F.coalesce(F.expr(opts.filter), F.lit(False)))
-    out: pa.Table = _positional(df, exprs, ["_del"]).toArrow()
+    out: pa.Table = _positional(df, exprs, ["_del"], variant).toArrow()
     flags = out.column("_del")
     return out.filter(flags), out.filter(pc.invert(flags))
 

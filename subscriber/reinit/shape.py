@@ -43,6 +43,7 @@ from subscriber.apply import (
 from subscriber.reinit.errors import SnapshotError, SnapshotRefused
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 __all__ = ["Shape", "shape_rows", "shapes"]
@@ -107,22 +108,24 @@ def shape_rows(spark: SparkSession, shape: Shape, seq: int, rows: Sequence[pb.Ro
             )
         buf.add(seq, i, False, [v.SerializeToString() for v in r.values], _INSERT)
     events = buf.to_arrow()
-    mixed = [source.columns[int(n[1:])].name for n in events.column_names if n[:1] == "v"]
-    if mixed:
-        raise SnapshotError(
-            f"table {source.table!r}: column(s) {mixed} hold values of another type than"
-            " declared, which transforms cannot read; load it without its"
-            f" [apply.tables.{source.table}] options"
-        )
     _deletes, upserts = shaped_rows(arrow_frame(spark, events), source, shape.options, shape.exprs)
-    columns = [
-        [_NULL if x is None else back(x) for x in upserts.column(f"c{j}").to_pylist()]
-        for j, back in enumerate(_backs(shape.target))
-    ]
+    columns = [_target_values(upserts, j, back) for j, back in enumerate(_backs(shape.target))]
     return [pb.Row(values=values) for values in zip(*columns, strict=True)] if columns else []
 
 
 _NULL = pb.Value(null=True)
+
+
+def _target_values(upserts: pa.Table, j: int, back: Any) -> list[pb.Value]:
+    """Target column ``j`` of shaped rows as values: a column carried variant (values
+    of another type than declared, e.g. a time of 24:00) holds encoded values as they
+    came, like the apply's."""
+    if f"v{j}" in upserts.column_names:
+        raw = upserts.column(f"v{j}").to_pylist()
+        return [_NULL if b is None else pb.Value.FromString(b) for b in raw]
+    return [_NULL if x is None else back(x) for x in upserts.column(f"c{j}").to_pylist()]
+
+
 _DAY0 = dt.date(1970, 1, 1)
 
 
