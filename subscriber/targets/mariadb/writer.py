@@ -72,10 +72,10 @@ from subscriber.apply.writer import (
     SchemaStep,
     SqlStep,
     Step,
-    StoredError,
     SubscriptionState,
     TruncateStep,
 )
+from subscriber.targets.error_queue import ErrorQueue
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.mariadb._conn import Executor, connect, is_transient
 from subscriber.targets.mariadb._types import (
@@ -169,10 +169,11 @@ def upsert_sql(schema: pb.TableSchema) -> str:
     )
 
 
-class MariaWriter(HeldWrites):
+class MariaWriter(HeldWrites, ErrorQueue):
     """Writes batches into one MariaDB database (thread-safe; one connection)."""
 
     dialect = "mariadb"
+    _metadata = METADATA_SQL  # the txrepl_errors methods: subscriber/targets/error_queue.py
 
     def __init__(self, url: str, *, procedures: Mapping[str, Procedure] | None = None) -> None:
         self.url = url
@@ -330,44 +331,6 @@ class MariaWriter(HeldWrites):
             except BaseException as exc:
                 self._fail(exc, subscription, seq)
                 raise
-
-    # -- errors ------------------------------------------------------------------
-
-    def record_error(
-        self,
-        subscription: str,
-        incarnation: str,
-        seq: int,
-        entry: bytes,
-        error: str,
-        *,
-        skip: bool,
-    ) -> None:
-        self._in_transaction(
-            subscription,
-            seq,
-            lambda ex: METADATA_SQL.record_error(
-                ex, subscription, incarnation, seq, entry, error, skip=skip
-            ),
-        )
-
-    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
-        with self._lock:
-            out: list[StoredError] = self._read(
-                lambda ex: METADATA_SQL.list_errors(ex, subscription), subscription
-            )
-            return out
-
-    def skip_error(self, subscription: str, seq: int) -> int:
-        level: int = self._in_transaction(
-            subscription, seq, lambda ex: METADATA_SQL.skip_error(ex, subscription, seq)
-        )
-        return level
-
-    def mark_error(self, subscription: str, seq: int, status: str) -> None:
-        self._in_transaction(
-            subscription, seq, lambda ex: METADATA_SQL.mark_error(ex, subscription, seq, status)
-        )
 
     # -- the constraint-safe order (subscriber/apply/_order.py) -------------------
 

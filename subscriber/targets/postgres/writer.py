@@ -70,11 +70,11 @@ from subscriber.apply.writer import (
     SchemaStep,
     SqlStep,
     Step,
-    StoredError,
     SubscriptionState,
     TruncateStep,
 )
 from subscriber.targets.conflicts import ConflictGuard, guarded_rows
+from subscriber.targets.error_queue import ErrorQueue
 from subscriber.targets.held import Held
 from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
@@ -132,10 +132,11 @@ def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool
     return isinstance(exc, psycopg.OperationalError)
 
 
-class PostgresWriter(GroupWrites, PostgresOrderedTables):
+class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
     """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
 
     dialect = "postgresql"
+    _metadata = METADATA_SQL  # the txrepl_errors methods: subscriber/targets/error_queue.py
 
     def __init__(
         self,
@@ -325,10 +326,18 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
 
     def load_state(self, subscription: str) -> SubscriptionState:
         with self._lock:
-            state: SubscriptionState = self._run(
-                subscription, None, lambda cur: METADATA_SQL.load_state(cur, subscription)
+            state: SubscriptionState = self._read(
+                lambda cur: METADATA_SQL.load_state(cur, subscription), subscription
             )
             return state
+
+    def _read(self, body: Any, subscription: str | None = None) -> Any:
+        """``body(cursor)`` in a transaction of its own (the lock held)."""
+        return self._run(subscription or "", None, body)
+
+    def _in_transaction(self, subscription: str, seq: int, body: Any) -> Any:
+        with self._lock:
+            return self._run(subscription, seq, body)
 
     # -- steps -------------------------------------------------------------------
 
@@ -524,46 +533,3 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
             )
         )
         return int(versions.num_rows)
-
-    # -- errors ------------------------------------------------------------------
-
-    def record_error(
-        self,
-        subscription: str,
-        incarnation: str,
-        seq: int,
-        entry: bytes,
-        error: str,
-        *,
-        skip: bool,
-    ) -> None:
-        with self._lock:
-            self._run(
-                subscription,
-                seq,
-                lambda cur: METADATA_SQL.record_error(
-                    cur, subscription, incarnation, seq, entry, error, skip=skip
-                ),
-            )
-
-    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
-        with self._lock:
-            out: list[StoredError] = self._run(
-                subscription or "", None, lambda cur: METADATA_SQL.list_errors(cur, subscription)
-            )
-            return out
-
-    def skip_error(self, subscription: str, seq: int) -> int:
-        with self._lock:
-            level: int = self._run(
-                subscription, seq, lambda cur: METADATA_SQL.skip_error(cur, subscription, seq)
-            )
-            return level
-
-    def mark_error(self, subscription: str, seq: int, status: str) -> None:
-        with self._lock:
-            self._run(
-                subscription,
-                seq,
-                lambda cur: METADATA_SQL.mark_error(cur, subscription, seq, status),
-            )

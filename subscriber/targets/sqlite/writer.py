@@ -53,13 +53,13 @@ from subscriber.apply.writer import (
     SchemaStep,
     SqlStep,
     Step,
-    StoredError,
     SubscriptionState,
     TruncateStep,
     column_of,
     python_values,
 )
 from subscriber.targets.conflicts import ConflictGuard, guarded_rows
+from subscriber.targets.error_queue import ErrorQueue
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.procedures import Procedure, load_procedures
@@ -198,10 +198,11 @@ def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[objec
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
 
-class SqliteWriter(HeldWrites, SqliteOrderedTables):
+class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
     """Writes batches into one SQLite database file (thread-safe; one connection)."""
 
     dialect = "sqlite"
+    _metadata = METADATA_SQL  # the txrepl_errors methods: subscriber/targets/error_queue.py
 
     def __init__(
         self,
@@ -247,12 +248,20 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
 
     def load_state(self, subscription: str) -> SubscriptionState:
         with self._lock:
-            try:
-                return METADATA_SQL.load_state(self._conn, subscription)
-            except sqlite3.Error as exc:
-                raise WriterError(
-                    f"cannot read state from {self.path}: {exc}", subscription=subscription
-                ) from exc
+            state: SubscriptionState = self._read(
+                lambda conn: METADATA_SQL.load_state(conn, subscription), subscription
+            )
+            return state
+
+    def _read(self, body: Any, subscription: str | None = None) -> Any:
+        """``body(connection)`` outside a transaction (the lock held); translated errors."""
+        try:
+            return body(self._conn)
+        except sqlite3.Error as exc:
+            raise WriterError(
+                f"cannot read the txrepl tables of {self.path}: {exc}",
+                subscription=subscription or "",
+            ) from exc
 
     def write_held(
         self,
@@ -342,46 +351,6 @@ class SqliteWriter(HeldWrites, SqliteOrderedTables):
             except BaseException as exc:
                 self._fail(exc, subscription, seq)
                 raise
-
-    # -- errors ----------------------------------------------------------------
-
-    def record_error(
-        self,
-        subscription: str,
-        incarnation: str,
-        seq: int,
-        entry: bytes,
-        error: str,
-        *,
-        skip: bool,
-    ) -> None:
-        self._in_transaction(
-            subscription,
-            seq,
-            lambda conn: METADATA_SQL.record_error(
-                conn, subscription, incarnation, seq, entry, error, skip=skip
-            ),
-        )
-
-    def list_errors(self, subscription: str | None = None) -> list[StoredError]:
-        with self._lock:
-            try:
-                return METADATA_SQL.list_errors(self._conn, subscription)
-            except sqlite3.Error as exc:
-                raise WriterError(f"cannot read txrepl_errors from {self.path}: {exc}") from exc
-
-    def skip_error(self, subscription: str, seq: int) -> int:
-        level: int = self._in_transaction(
-            subscription, seq, lambda conn: METADATA_SQL.skip_error(conn, subscription, seq)
-        )
-        return level
-
-    def mark_error(self, subscription: str, seq: int, status: str) -> None:
-        with self._lock:
-            try:
-                METADATA_SQL.mark_error(self._conn, subscription, seq, status)
-            except sqlite3.Error as exc:
-                raise WriterError(f"cannot update txrepl_errors in {self.path}: {exc}") from exc
 
     # -- steps ---------------------------------------------------------------
 
