@@ -37,6 +37,11 @@ class Snapshot:
     subscribers: list[pb.SubscriberInfo]
     subscriber_name: str = ""
     subscriptions: list[pb.SubscriptionStatus] = field(default_factory=list)
+    node: str = ""  # the publisher's source as a node (docs/topologies.md)
+
+    def target_nodes(self) -> list[str]:
+        """The nodes the subscriber's targets are (one target per daemon: one at most)."""
+        return sorted({t.target_node for t in self.subscriptions if t.target_node})
 
     def head(self, publication: str) -> int:
         return next((int(p.head) for p in self.publications if p.name == publication), 0)
@@ -64,6 +69,7 @@ def collect(
         pubs = admin.ListPublications(pb.ListPublicationsRequest(), timeout=timeout)
         subs = admin.ListSubscribers(pb.ListSubscribersRequest(), timeout=timeout)
     snap = Snapshot(time.time(), pubs.publisher, list(pubs.publications), list(subs.subscribers))
+    snap.node = pubs.node
     if subscriber:
         with client_channel(subscriber, tls, token=token) as ch:
             st = rpc.SubscriberControlStub(ch).Status(pb.StatusRequest(), timeout=timeout)
@@ -124,8 +130,13 @@ def bar(done: int, total: int, width: int = 24) -> str:
     return f"[{'#' * full}{'.' * (width - full)}] {frac * 100:5.1f}%"
 
 
+def _node(name: str) -> str:
+    """The header's node note: where a node is configured or recorded."""
+    return f"  (node {name})" if name else ""
+
+
 def render(snap: Snapshot, progress: dict[tuple[str, str], Progress], *, bars: bool = False) -> str:
-    lines = [f"publisher {snap.publisher}", ""]
+    lines = [f"publisher {snap.publisher}" + _node(snap.node), ""]
     lines.append(
         f"{'PUBLICATION':<16} {'HEAD':>10} {'RETAINED':>23} {'LOG SIZE':>11} {'SUBSCRIBERS':>11}"
         "  CAPTURE"
@@ -158,7 +169,7 @@ def render(snap: Snapshot, progress: dict[tuple[str, str], Progress], *, bars: b
             lines.append(f"    {bar(done, head - prog.start_level)}  {s.level}/{head}")
     if snap.subscriber_name:
         lines.append("")
-        lines.append(f"subscriber {snap.subscriber_name}")
+        lines.append(f"subscriber {snap.subscriber_name}" + _node(", ".join(snap.target_nodes())))
         lines.append(
             f"{'SUBSCRIPTION':<24} {'STATE':<12} {'LEVEL':>10} {'HEAD':>10} {'LAG':>8}  LAST ERROR"
         )
@@ -183,6 +194,7 @@ def to_json(snap: Snapshot, progress: dict[tuple[str, str], Progress]) -> dict[s
     out: dict[str, Any] = {
         "at": snap.at,
         "publisher": snap.publisher,
+        "node": snap.node,
         "publications": publications,
         "subscribers": subscribers,
     }

@@ -329,6 +329,7 @@ class Publisher:
             live=self._live_feeds,
             capture=self.source.health if self.source is not None else None,
             query_snapshots=self.query_snapshots,
+            node=self.node,
         )
         self.endpoint = GrpcEndpoint(
             cfg.listen,

@@ -206,8 +206,10 @@ class AdminService(rpc.AdminServicer):
         live: Callable[[], Collection[tuple[str, str]]] = frozenset,
         capture: CaptureHealth | None = None,
         query_snapshots: QuerySnapshots | None = None,
+        node: str = "",
     ) -> None:
         self.server_name = server_name
+        self.node = node  # the source's node name (docs/topologies.md)
         self.query_snapshots = query_snapshots
         self.publications = publications
         self.registry = registry
@@ -219,7 +221,7 @@ class AdminService(rpc.AdminServicer):
         request: pb.ListPublicationsRequest,
         context: grpc.aio.ServicerContext[pb.ListPublicationsRequest, pb.ListPublicationsResponse],
     ) -> pb.ListPublicationsResponse:
-        out = pb.ListPublicationsResponse(publisher=self.server_name)
+        out = pb.ListPublicationsResponse(publisher=self.server_name, node=self.node)
         cap = self.capture
         for name, pub in sorted(self.publications.items()):
             info = out.publications.add(

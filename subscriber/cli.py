@@ -116,6 +116,8 @@ def _control(args: argparse.Namespace) -> int:
             f"{s.name:<24} {s.state:<12} {s.level:>10} {s.head:>10} "
             f"{max(0, s.head - s.level):>8}  {since} {s.last_error}"
         )
+        if s.target_node:  # the target is a node: its own changes are not applied back
+            print(f"    target node: {s.target_node}")
         if s.conflicts:  # an updatable subscription (docs/conflicts.md)
             print("    conflicts: " + ", ".join(f"{c.table} {c.count}" for c in s.conflicts))
         if s.HasField("snapshot"):

@@ -91,6 +91,7 @@ class SubscriptionRunner:
         # subscription's token on every call either way.
         self.channel_factory = channel_factory or aio_channel_factory(None, token=config.token)
         st = applier.load_state()
+        applier.read_target_node()  # for status() (docs/topologies.md); apply re-reads
         self.st = SubscriptionState(self.name, st.level, st.incarnation)
         self._paused = False
         self._broken = False
@@ -133,6 +134,7 @@ class SubscriptionRunner:
 
     def status(self) -> pb.SubscriptionStatus:
         st = self.st.status(self.config.publisher, self.config.publication)
+        st.target_node = self.applier.target_node
         for table, n in sorted(self.conflicts().items()):
             st.conflicts.add(table=table, count=n)
         return st

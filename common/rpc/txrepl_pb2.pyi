@@ -1429,7 +1429,10 @@ class ListPublicationsResponse(_message.Message):
 
     PUBLISHER_FIELD_NUMBER: _builtins.int
     PUBLICATIONS_FIELD_NUMBER: _builtins.int
+    NODE_FIELD_NUMBER: _builtins.int
     publisher: _builtins.str
+    node: _builtins.str
+    """The source as a node (docs/topologies.md): the origin of its own changes."""
     @_builtins.property
     def publications(self) -> _containers.RepeatedCompositeFieldContainer[Global___PublicationInfo]: ...
     def __init__(
@@ -1437,10 +1440,11 @@ class ListPublicationsResponse(_message.Message):
         *,
         publisher: _builtins.str = ...,
         publications: _abc.Iterable[Global___PublicationInfo] | None = ...,
+        node: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["publications", b"publications", "publisher", b"publisher"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["node", b"node", "publications", b"publications", "publisher", b"publisher"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -1680,6 +1684,7 @@ class SubscriptionStatus(_message.Message):
     SESSIONS_FIELD_NUMBER: _builtins.int
     CONFLICTS_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    TARGET_NODE_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     publisher: _builtins.str
     publication: _builtins.str
@@ -1692,6 +1697,10 @@ class SubscriptionStatus(_message.Message):
     applied_rows: _builtins.int
     sessions: _builtins.int
     """streams welcomed since the daemon started (1 = never reconnected)"""
+    target_node: _builtins.str
+    """The node the target is, as its publisher recorded it ("" if none, or not read yet):
+    entries of that origin are not applied here (docs/topologies.md, R3).
+    """
     @_builtins.property
     def timeline(self) -> _containers.RepeatedCompositeFieldContainer[Global___StateChange]: ...
     @_builtins.property
@@ -1718,10 +1727,11 @@ class SubscriptionStatus(_message.Message):
         sessions: _builtins.int = ...,
         conflicts: _abc.Iterable[Global___TableConflicts] | None = ...,
         snapshot: Global___SnapshotLoad | None = ...,
+        target_node: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["snapshot", b"snapshot"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "conflicts", b"conflicts", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "snapshot", b"snapshot", "state", b"state", "timeline", b"timeline"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_entries", b"applied_entries", "applied_rows", b"applied_rows", "conflicts", b"conflicts", "head", b"head", "last_error", b"last_error", "level", b"level", "name", b"name", "publication", b"publication", "publisher", b"publisher", "sessions", b"sessions", "snapshot", b"snapshot", "state", b"state", "target_node", b"target_node", "timeline", b"timeline"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

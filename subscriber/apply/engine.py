@@ -357,6 +357,15 @@ class Applier(Planning, Pieces):
 
     # -- origins (_origin.py) ---------------------------------------------------------
 
+    @property
+    def target_node(self) -> str:
+        """The target's node as last read ("" if none or not read yet); no query."""
+        return self._node
+
+    def read_target_node(self) -> str:
+        """The target's node, read from the target unless already found."""
+        return self._target_node()
+
     def _target_node(self) -> str:
         """The target's node ("" if it is none), read until found: a publisher may
         record it after this subscription started (common/origin.py)."""

@@ -330,6 +330,13 @@ class HeldApplier:
     def load_state(self) -> Any:
         return self.inner.load_state()
 
+    def read_target_node(self) -> str:
+        return str(self.inner.read_target_node())
+
+    @property
+    def target_node(self) -> str:
+        return str(self.inner.target_node)
+
     def plan(self, first_seq: int, entries: list[pb.Entry], **kw: Any) -> Any:
         return self.inner.plan(first_seq, entries, **kw)
 
