@@ -18,7 +18,8 @@ the source database, written by triggers in the writer's own transaction::
     _txrepl_pubs(publication, incarnation, tbl, added_id)   -- what is installed
     _txrepl_shapes(gen, tbl, schema)  -- each build of a table's triggers
 
-``shapes.py``: the triggers and schema evolution; ``constraints.py``: indexes.
+``shapes.py``: the triggers and schema evolution; ``constraints.py``: indexes;
+``entries.py``: captured rows into the entries of a publication (the rules there).
 
 * Order.  SQLite serialises writers, so AUTOINCREMENT ids are handed out in commit
   order.  A reader sees only whole committed transactions, so one poll (one read
@@ -50,24 +51,20 @@ Limits (documented in the README): a table needs a primary key.
 from __future__ import annotations
 
 import sqlite3
-import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 
 import structlog
 
-from common.calls import parse_call
 from common.constraints import same_shape
-from common.names import format_table
 from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
 from common.values import parse_declared_type, sqlite_text_factory
 from publisher.capture.health import CaptureHealth
-from publisher.capture.sqlite.constraints import published, read_constraints
-from publisher.capture.sqlite.exact import encode_stored
-from publisher.capture.sqlite.images import decode_image, image_values_at, parse_sql_literal
+from publisher.capture.sqlite.constraints import read_constraints
+from publisher.capture.sqlite.entries import CapturedRow, EntryBuilder, Shape
+from publisher.capture.sqlite.images import parse_sql_literal
 from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
@@ -79,7 +76,7 @@ from publisher.capture.sqlite.shapes import (
     qident,
     trigger_name,
 )
-from publisher.errors import RowTooLarge, SourceError, key_text
+from publisher.errors import SourceError
 
 __all__ = ["CHUNK_ROWS", "CapturedRow", "SqliteCapture", "parse_sql_literal", "qident"]
 
@@ -101,20 +98,7 @@ CREATE TABLE IF NOT EXISTS _txrepl_shapes(
 """
 
 
-@dataclass(frozen=True, slots=True)
-class CapturedRow:
-    id: int
-    pub: str | None
-    tbl: str
-    op: str
-    k: object
-    v: object
-    gen: int | None = None  # None: captured by a build older than generations
-    size: int = 0  # bytes of k and v as stored (either may be left unread: read())
-    origin: str | None = None  # applied by txrepl from this node (common/origin.py); None: local
-
-
-class SqliteCapture:
+class SqliteCapture(EntryBuilder):
     """Installs capture on a SQLite source and turns captured rows into entries."""
 
     def __init__(
@@ -139,7 +123,7 @@ class SqliteCapture:
                 self._conn.execute(f"ALTER TABLE _txrepl_capture ADD COLUMN {col} {decl}")
         ensure_applying(self._conn)  # the triggers read the apply's origin (common/origin.py)
         # gen -> (schema, value types, key types); None: the current schema (old rows)
-        self._shapes: dict[int | None, _Shape] = {}
+        self._shapes: dict[int | None, Shape] = {}
         # (publication, table) -> the generation whose schema op the log has last seen
         self._logged: dict[tuple[str, str], int | None] = {}
         self._data_version = -1
@@ -181,10 +165,10 @@ class SqliteCapture:
         schema.constraints.extend(read_constraints(conn or self._conn, table))
         return schema
 
-    def _shape(self, gen: int | None, table: str) -> _Shape:
+    def _shape(self, gen: int | None, table: str) -> Shape:
         """The shape of generation ``gen`` (None: the table's current schema)."""
         if gen is None:
-            return _Shape.of(self.read_schema(table))
+            return Shape.of(self.read_schema(table))
         shape = self._shapes.get(gen)
         if shape is None:
             row = self._conn.execute(
@@ -192,7 +176,7 @@ class SqliteCapture:
             ).fetchone()
             if row is None:
                 raise SourceError(f"capture row of {table!r} names unknown generation {gen}")
-            shape = self._shapes[gen] = _Shape.of(pb.TableSchema.FromString(row[0]))
+            shape = self._shapes[gen] = Shape.of(pb.TableSchema.FromString(row[0]))
         return shape
 
     def _latest(self, table: str) -> tuple[int, pb.TableSchema] | None:
@@ -448,151 +432,3 @@ class SqliteCapture:
         """An entry built for ``publication`` was not logged: repeat its schema ops."""
         for key in [k for k in self._logged if k[0] == publication]:
             del self._logged[key]
-
-    def build_entry(
-        self,
-        publication: str,
-        rows: Iterable[CapturedRow],
-        after_id: int,
-        tables: Mapping[str, int],
-    ) -> tuple[pb.Entry | None, int]:
-        """Ops of ``rows`` that belong to ``publication`` as one entry (no size limit)."""
-        entries, last = self.build_entries(publication, rows, after_id, tables)
-        return (entries[0] if entries else None), last
-
-    def build_entries(
-        self,
-        publication: str,
-        rows: Iterable[CapturedRow],
-        after_id: int,
-        tables: Mapping[str, int],
-        max_bytes: int | None = None,
-    ) -> tuple[list[pb.Entry], int]:
-        """Ops of ``rows`` that belong to ``publication``; returns (entries, last id).
-
-        With ``max_bytes``, each entry's ops stay within it (a new entry starts
-        when the next op would not fit) and a row change alone over it raises
-        :class:`RowTooLarge`, naming its table and key.  A row of a generation
-        whose schema this publication's log has not seen (since this process
-        started) is preceded by that schema (shapes.py).
-        """
-        limit = max_bytes if max_bytes is not None else 2**62
-        entries: list[pb.Entry] = []
-        entry = pb.Entry()
-        size = 0
-        last = after_id
-        logged = self._logged
-
-        def room(op: pb.Op, key_idx: Sequence[int] = ()) -> None:
-            nonlocal entry, size
-            n = op.ByteSize() + 6  # the op's tag and length
-            if n > limit:
-                raise RowTooLarge(
-                    publication=publication,
-                    table=op.row.table or op.schema.table,
-                    key=key_text(op.row, key_idx),
-                    size=n,
-                    limit=limit,
-                )
-            if size + n > limit and entry.ops:
-                entries.append(entry)
-                entry, size = pb.Entry(), 0
-            entry.ops.append(op)
-            size += n
-
-        for r in rows:
-            if r.id <= after_id:
-                continue
-            last = r.id
-            if r.op == "C":  # a call this publication records (publisher/capture/calls.py)
-                room(pb.Op(call=parse_call(r.v)))  # type: ignore[arg-type]
-                continue
-            added = tables.get(r.tbl)
-            if added is None or r.id < added:
-                continue
-            if r.pub is not None and r.pub != publication:
-                continue
-            if r.op == "S":
-                assert isinstance(r.v, bytes)
-                op = pb.Op()
-                op.schema.MergeFromString(r.v)
-                op.schema.table = format_table(None, r.tbl)
-                room(published(op, tables))
-                logged[(publication, r.tbl)] = r.gen
-                continue
-            shape = self._shape(r.gen, r.tbl)
-            if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
-                op = pb.Op()
-                op.schema.CopyFrom(shape.schema)
-                op.schema.table = format_table(None, r.tbl)
-                room(published(op, tables))
-                logged[(publication, r.tbl)] = r.gen
-            if r.size > limit:
-                raise RowTooLarge(
-                    publication=publication,
-                    table=r.tbl,
-                    key=self._large_key(r, shape),
-                    size=r.size,
-                    limit=limit,
-                )
-            op = pb.Op()
-            rc = op.row
-            rc.table = format_table(None, r.tbl)  # the wire's form (common/names.py)
-            rc.op = _OPS[r.op]
-            if r.k is not None:
-                rc.key.extend(
-                    encode_stored(x, t, s)
-                    for x, (t, s) in zip(decode_image(r.k), shape.key_types, strict=False)
-                )
-            if r.v is not None:
-                rc.row.extend(
-                    encode_stored(x, t, s)
-                    for x, (t, s) in zip(decode_image(r.v), shape.types, strict=False)
-                )
-            room(op, shape.key_idx)
-        if entry.ops:
-            entries.append(entry)
-        now = int(time.time() * 1_000_000)
-        for e in entries:
-            e.commit_time_us = now
-            e.source_position = str(last)
-        return entries, last
-
-    def _large_key(self, r: CapturedRow, shape: _Shape) -> str:
-        """The key of a row too large to read, read piece by piece from SQLite."""
-        if not shape.key_idx:
-            return "(no key)"
-        col = "k" if r.op in ("U", "D") else "v"
-        at = shape.key_idx if col == "v" else list(range(len(shape.key_idx)))
-        values = image_values_at(self._conn, r.id, col, at)
-        shown = (f"{k}={x!r:.60}" for k, x in zip(shape.schema.primary_key, values, strict=False))
-        return "(" + ", ".join(shown) + ")"
-
-
-_OPS = {
-    "I": pb.ROW_OP_INSERT,
-    "U": pb.ROW_OP_UPDATE,
-    "D": pb.ROW_OP_DELETE,
-    "T": pb.ROW_OP_TRUNCATE,
-}
-
-
-@dataclass(frozen=True, slots=True)
-class _Shape:
-    """One generation's schema and the (type, scale) of its values and key."""
-
-    schema: pb.TableSchema
-    types: list[tuple[int, int]]
-    key_types: list[tuple[int, int]]
-    key_idx: list[int]
-
-    @classmethod
-    def of(cls, schema: pb.TableSchema) -> _Shape:
-        by_name = {c.name: (int(c.type), c.scale) for c in schema.columns}
-        names = [c.name for c in schema.columns]
-        return cls(
-            schema,
-            [(int(c.type), c.scale) for c in schema.columns],
-            [by_name[k] for k in schema.primary_key],
-            [names.index(k) for k in schema.primary_key],
-        )
