@@ -48,24 +48,9 @@ the old level, so the command can simply be run again.  Once COMMIT is sent the
 server commits T whether the client lives or not: the new state at level S,
 complete.  Either way, rerunning is safe (it loads a fresh snapshot at S' >= S).
 
-Carried over (step 3, :meth:`PgShadowLoader._carried`): what an operator added to
-an old table is read from the catalogs once it is locked, and re-created on the
-new table right after the swap, still in T: constraints other than the primary
-key (unique, check, exclusion, foreign keys), other indexes, triggers with their
-enabled state (``ENABLE REPLICA``/``ALWAYS``, ``DISABLE``), grants, storage
-parameters, and comments on the table and on the columns it still has.  If one
-cannot be re-created (an index on a column the publisher does not send, a check
-the new rows violate), the reinit fails naming it and T rolls back: the target is
-unchanged.  The indexes are built under the swap's exclusive lock, so readers
-wait for them (rejected: building them on the shadow before the lock, which
-needs the definitions rewritten to the shadow's name).
-
-Foreign keys that reference an old table (:meth:`PgShadowLoader._unhook`): all
-are dropped before the old tables are, still in T; those of swapped tables come
-back with the carried items above, those of tables outside the swap are
-re-created (and validated against the new rows) after them.  Carried foreign keys
-run last, once every new table has its unique constraints (parents first).  A
-referencing row the new parent no longer has fails the reinit naming the key.
+Carried over (step 3, ``_carry.py``): what an operator added to an old table
+(constraints, indexes, triggers, grants, storage parameters, comments), and the
+foreign keys of other tables that reference it; the rules are in that module.
 
 The source's constraints (``TableSchema.constraints``: UNIQUE, CHECK, indexes,
 foreign keys within the publication, as the apply writer follows them,
@@ -97,6 +82,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.values import decode
 from subscriber.apply.errors import WriterError
 from subscriber.reinit.errors import SnapshotError
+from subscriber.targets.postgres._carry import carried_items, table_exists, unhook
 from subscriber.targets.postgres._ddl import create_constraints, source_names
 from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._names import create_schema, table_sql
@@ -265,8 +251,8 @@ class PgShadowLoader:
             carried = [
                 item
                 for table, home in homes.items()
-                if self._exists(cur, home, table)
-                for item in self._carried(
+                if table_exists(cur, home, table)
+                for item in carried_items(
                     cur,
                     home,
                     table,
@@ -275,7 +261,7 @@ class PgShadowLoader:
                 )
             ]
             carried.sort(key=lambda item: item[0].startswith("foreign key"))  # parents first
-            carried += self._unhook(cur, homes)
+            carried += unhook(cur, homes)
             for table, home in homes.items():
                 # The shadow is named by the wire text (unique); in its home it takes
                 # the table's own name (common/names.py).
@@ -329,173 +315,12 @@ class PgShadowLoader:
         except psycopg.Error as exc:
             raise self._error("the swap failed", exc) from exc
 
-    @staticmethod
-    def _carried(
-        cur: psycopg.Cursor[Any], home: str, table: str, columns: set[str], source: set[str]
-    ) -> list[tuple[str, sql.SQL | sql.Composed]]:
-        """What the operator added to the old table, as statements for the new one.
-        ``source``: names of the constraints and indexes the old table had from the
-        source (its recorded schema's): not carried, the new schema's are created.
-
-        (what, statement) for: constraints other than the primary key (unique,
-        check, exclusion, foreign keys), indexes that back no constraint, triggers
-        with their enabled state, grants, storage parameters, and comments on the
-        table and on columns the new table has.  Read from the catalogs while the
-        old table is locked; run after the swap, by name (``<home>.<table>`` is
-        the new table by then).
-        """
-        t = sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name))
-        out: list[tuple[str, sql.SQL | sql.Composed]] = []
-        cur.execute("SELECT to_regclass(%s)::oid", (t.as_string(cur),))
-        row = cur.fetchone()
-        assert row is not None
-        old = row[0]
-        cur.execute(
-            "SELECT conname, pg_get_constraintdef(oid), contype FROM pg_constraint"
-            " WHERE conrelid = %s AND contype IN ('u', 'c', 'x', 'f') ORDER BY contype, conname",
-            (old,),
-        )
-        for name, definition, kind in cur.fetchall():
-            if name in source:
-                continue
-            out.append(
-                (
-                    f"{'foreign key' if kind == 'f' else 'constraint'} {name!r} of {table!r}",
-                    sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                        t, Q(name), sql.SQL(definition)
-                    ),
-                )
-            )
-        cur.execute(
-            "SELECT c.relname, pg_get_indexdef(i.indexrelid) FROM pg_index i"
-            " JOIN pg_class c ON c.oid = i.indexrelid"
-            " WHERE i.indrelid = %s AND NOT i.indisprimary AND NOT EXISTS"
-            " (SELECT 1 FROM pg_constraint k WHERE k.conindid = i.indexrelid AND k.conrelid = %s)"
-            " ORDER BY c.relname",
-            (old, old),
-        )
-        for name, definition in cur.fetchall():
-            if name not in source:
-                out.append((f"index {name!r} of {table!r}", sql.SQL(definition)))
-        cur.execute(
-            "SELECT tgname, pg_get_triggerdef(oid), tgenabled FROM pg_trigger"
-            " WHERE tgrelid = %s AND NOT tgisinternal ORDER BY tgname",
-            (old,),
-        )
-        enable = {"D": "DISABLE", "R": "ENABLE REPLICA", "A": "ENABLE ALWAYS"}
-        for name, definition, state in cur.fetchall():
-            what = f"trigger {name!r} of {table!r}"
-            out.append((what, sql.SQL(definition)))
-            if state in enable:
-                out.append(
-                    (
-                        what,
-                        sql.SQL("ALTER TABLE {} {} TRIGGER {}").format(
-                            t, sql.SQL(enable[state]), Q(name)
-                        ),
-                    )
-                )
-        cur.execute(
-            "SELECT a.privilege_type, a.grantee, r.rolname, a.is_grantable"
-            " FROM pg_class c, aclexplode(c.relacl) a LEFT JOIN pg_roles r ON r.oid = a.grantee"
-            " WHERE c.oid = %s ORDER BY 3, 1",
-            (old,),
-        )
-        for privilege, grantee, rolname, grantable in cur.fetchall():
-            to = sql.SQL("PUBLIC") if grantee == 0 else Q(rolname)
-            out.append(
-                (
-                    f"grant of {privilege} on {table!r} to {rolname or 'PUBLIC'}",
-                    sql.SQL("GRANT {} ON {} TO {}{}").format(
-                        sql.SQL(privilege),
-                        t,
-                        to,
-                        sql.SQL(" WITH GRANT OPTION" if grantable else ""),
-                    ),
-                )
-            )
-        cur.execute(
-            "SELECT reloptions, obj_description(oid, 'pg_class') FROM pg_class WHERE oid = %s",
-            (old,),
-        )
-        found = cur.fetchone()
-        assert found is not None
-        options, comment = found
-        if options:
-            out.append(
-                (
-                    f"storage parameters of {table!r}",
-                    sql.SQL("ALTER TABLE {} SET ({})").format(
-                        t, sql.SQL(", ").join(sql.SQL(o) for o in options)
-                    ),
-                )
-            )
-        if comment is not None:
-            out.append(
-                (
-                    f"comment on {table!r}",
-                    sql.SQL("COMMENT ON TABLE {} IS {}").format(t, sql.Literal(comment)),
-                )
-            )
-        cur.execute(
-            "SELECT attname, col_description(attrelid, attnum) FROM pg_attribute"
-            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped"
-            " AND col_description(attrelid, attnum) IS NOT NULL ORDER BY attnum",
-            (old,),
-        )
-        for column, text in cur.fetchall():
-            if column not in columns:
-                continue  # the column is not published (any more): nothing to comment
-            out.append(
-                (
-                    f"comment on column {column!r} of {table!r}",
-                    sql.SQL("COMMENT ON COLUMN {}.{} IS {}").format(
-                        t, Q(column), sql.Literal(text)
-                    ),
-                )
-            )
-        return out
-
-    def _unhook(
-        self, cur: psycopg.Cursor[Any], homes: dict[str, str]
-    ) -> list[tuple[str, sql.SQL | sql.Composed]]:
-        """Drop every foreign key that references an old table (so it can be dropped);
-        return the statements that re-create those of tables outside the swap (the
-        swapped tables' own are in ``_carried``), to run after it, still in T."""
-        olds = [
-            sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name)).as_string(cur)
-            for table, home in homes.items()
-            if self._exists(cur, home, table)
-        ]
-        cur.execute(
-            "SELECT conrelid::regclass::text, conname, pg_get_constraintdef(oid),"
-            " conrelid = ANY(%(olds)s::text[]::regclass[])"
-            " FROM pg_constraint WHERE contype = 'f'"
-            " AND confrelid = ANY(%(olds)s::text[]::regclass[]) ORDER BY 1, 2",
-            {"olds": olds},
-        )
-        out: list[tuple[str, sql.SQL | sql.Composed]] = []
-        for child, name, definition, swapped in cur.fetchall():
-            cur.execute(
-                sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.SQL(child), Q(name))
-            )
-            if not swapped:
-                out.append(
-                    (
-                        f"foreign key {name!r} of {child!r}",
-                        sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {}").format(
-                            sql.SQL(child), Q(name), sql.SQL(definition)
-                        ),
-                    )
-                )
-        return out
-
     def _lock_old(self, cur: psycopg.Cursor[Any], homes: dict[str, str]) -> None:
         """ACCESS EXCLUSIVE on the old tables, in short attempts (see step 3)."""
         names = [
             sql.SQL("{}.{}").format(Q(home), Q(parse_table(table).name))
             for table, home in sorted(homes.items())
-            if self._exists(cur, home, table)
+            if table_exists(cur, home, table)
         ]
         if not names:
             return
@@ -521,15 +346,6 @@ class PgShadowLoader:
             cur.execute("SELECT set_config('lock_timeout', '0', true)")
             cur.execute("RELEASE SAVEPOINT txrepl_swap")
             return
-
-    @staticmethod
-    def _exists(cur: psycopg.Cursor[Any], home: str, table: str) -> bool:
-        cur.execute(
-            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname = %s",
-            (home, parse_table(table).name),
-        )
-        return cur.fetchone() is not None
 
 
 PG_FLUSH_ROWS = 20_000  # one COPY each: progress is reported per flush
