@@ -23,7 +23,6 @@ groups it opened (:meth:`Session.close`); kill -9 leaves that to the next open.
 
 from __future__ import annotations
 
-import contextlib
 import select
 import threading
 import time
@@ -40,6 +39,7 @@ from publisher.capture.calls import CallScope, read_call
 from publisher.capture.groups import GroupWriter
 from publisher.capture.logs import Flusher, last_before
 from publisher.capture.postgres._core import CaptureCore
+from publisher.capture.postgres._crossing import SnapshotCrossing
 from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
 from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._partitions import relkind, set_full
@@ -62,14 +62,12 @@ from publisher.capture.postgres._pgoutput import (
 from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
 from publisher.capture.postgres._sequences import SequencePositions
-from publisher.capture.postgres._stale import STALE_ERRORS, StaleSnapshot
 from publisher.capture.postgres._state import (
     PendingSnapshot,
     PubState,
     RelState,
     TableState,
     Txn,
-    format_lsn,
 )
 from publisher.errors import RowTooLarge, SourceError, key_text
 from publisher.publication import Publication
@@ -81,7 +79,7 @@ log = structlog.get_logger(__name__)
 _MARKS = (BEGIN_PREFIX, END_PREFIX)  # procedure call marks (common/calls.py)
 
 
-class Session:
+class Session(SnapshotCrossing):
     """One replication connection's worth of streaming (reconnects make a new one)."""
 
     def __init__(
@@ -432,92 +430,7 @@ class Session:
         if txn.recopy and self.pending is None:
             self.pending = self.cap._begin_snapshot(self.state)
 
-    # -- snapshot crossing, feedback ------------------------------------------------
-
-    def _mark(self, lsn: int) -> None:
-        """Resolve the wait_position requests at or below ``lsn`` (no transaction open)."""
-        cap = self.cap
-        with cap._marks_lock:
-            due = [m for m in cap._marks if m.lsn <= lsn and not m.done.is_set()]
-        if not due:
-            return
-        for ps in self.state.values():
-            ps.pub.log.flush()  # the seqs handed out are durable
-        for m in due:
-            m.heads = {name: last_before(ps.pub, m.lsn) for name, ps in self.state.items()}
-            m.done.set()
-
-    def _cross(self, lsn: int) -> None:
-        """Log pending snapshots once the stream reaches their consistent point."""
-        pending = self.pending
-        if pending is None or lsn < pending.lsn:
-            self._mark(lsn)
-            return
-        self._mark(pending.lsn)  # on-demand snapshots older than this install's rows
-        for pubname, tables in pending.tables.items():
-            ps = self.state[pubname]
-            for i, t in enumerate(tables):
-                if pubname in self.cap.refused:
-                    break  # refused while logging: the rest waits for the restart too
-                last_table = i == len(tables) - 1
-                try:
-                    self._log_snapshot(ps, ps.tables[t], pending, last_table)
-                except StaleSnapshot as e:
-                    # nothing of it was appended; the next snapshot takes it again
-                    log.info("table snapshot retaken", table=t, why=str(e))
-        pending.conn.close()
-        self.pending = None
-        log.info("snapshots logged", lsn=format_lsn(pending.lsn), tables=pending.tables)
-        # tables installed while this snapshot was pending get the next one
-        self.pending = self.cap._begin_snapshot(self.state)
-        self._mark(lsn)
-
-    def _log_snapshot(
-        self, ps: PubState, tab: TableState, pending: PendingSnapshot, last_table: bool
-    ) -> None:
-        """Append schema, TRUNCATE and rows; the last entry of the last table at C - 1."""
-        pub = ps.pub
-        display = tab.name.display
-        rows = 0
-        chunks = self.cap._read_snapshot(pending, tab.name, self._keepalive)
-        with contextlib.closing(chunks) as it:
-            try:
-                shape, _ = next(it)
-            except STALE_ERRORS as e:
-                raise StaleSnapshot(f"table {display!r} changed after the snapshot") from e
-            schema = for_publication(shape.schema, ps.tables)
-            entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
-            entry.ops.append(pb.Op(schema=schema))
-            entry.ops.append(pb.Op(row=pb.RowChange(table=display, op=pb.ROW_OP_TRUNCATE)))
-            size, limit = entry.ByteSize(), self.cap.max_entry_bytes
-            for _, chunk in it:
-                for row in chunk:
-                    rc = pb.RowChange(table=display, op=pb.ROW_OP_INSERT)
-                    rc.row.extend(to_value(d, i) for d, i in zip(row, shape.infos, strict=True))
-                    op = pb.Op(row=rc)
-                    n = op.ByteSize() + 6  # with its tag and length in the entry
-                    if n > limit:
-                        # the table stays incomplete: a restart with a larger limit retakes it
-                        self._refuse(pub.name, rc, shape.key_idx, n)
-                        return
-                    if len(entry.ops) >= self.cap.snapshot_chunk_rows or size + n > limit:
-                        # not the last entry: a crash now leaves the snapshot incomplete
-                        pub.append(entry, position=pending.lsn - 2)
-                        self.cap.entries += 1
-                        entry = pb.Entry(commit_time_us=int(time.time() * 1_000_000))
-                        size = 0
-                    entry.ops.append(op)
-                    size += n
-                rows += len(chunk)
-        entry.sequences.extend(self.sequences.read([tab.name]))  # _sequences.py
-        pub.append(entry, position=pending.lsn - 1 if last_table else pending.lsn - 2)
-        self.cap.entries += 1
-        tab.complete = True
-        tab.recopy = False
-        tab.logged = schema
-        self.touched.add(pub.name)
-        self.cap._save_logged(pub.name, display, schema, done=True)
-        log.info("table snapshot logged", publication=pub.name, table=display, rows=rows)
+    # -- feedback (snapshot crossing: _crossing.py) ------------------------------------------------
 
     def _keepalive(self) -> None:
         if self.cur is not None:
