@@ -8,8 +8,10 @@ Snapshot at a consistent seq S (``txrepl subscriber reinit``, publisher/snapshot
 1. Pin a consistent snapshot and read the GTID position G it is as of (_gtid.py).
 2. Wait until the stream has dealt with every transaction up to G: each is then in
    the log (or held nothing for the publication), and nothing after G can be yet
-   unless the stream is already past it.  S = the highest seq whose entry's
-   position is at or below G (``last_before``; positions never decrease along a log).
+   unless the stream is already past it.  The log is flushed (the stream appends
+   without waiting for durability, and only durable entries are visible), then S =
+   the highest seq whose entry's position is at or below G (``last_before``;
+   positions never decrease along a log).
 3. Read the tables in the pinned transaction: their rows are the state as of S.
 """
 
@@ -107,6 +109,9 @@ class MariadbSource:
         )
         with pinned(cap.url, cap.domain) as pin:
             cap.wait_done(seq_of(pin.pos), timeout_s)
+            # The capture appends without waiting for durability: the entries up to the
+            # snapshot's GTID are durable, so visible to last_before, once flushed.
+            pub.log.flush()
             seq = last_before(pub, position(0, seq_of(pin.pos) + 1))
             shapes = {t: catalog.read_shape(pin.conn, t).schema for t in tables}
             by_name = {s.table: t for t, s in shapes.items()}
