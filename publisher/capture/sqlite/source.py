@@ -82,7 +82,9 @@ class SqliteSource:
         *,
         poll_interval_s: float = 0.005,
         max_entry_bytes: int = SourceOptions.max_entry_bytes,
+        watch: bool = True,
     ) -> None:
+        self.watch = watch  # False: poll only (the benchmark's comparison, wake.py)
         self.cut = False  # the last step stopped where the origin changes: rows wait
         self.health = CaptureHealth()  # the streaming loop and the capture's lock waits
         self.capture = SqliteCapture(path, health=self.health)
@@ -128,14 +130,17 @@ class SqliteSource:
         self._streaming.set()
         failures = 0
         force = True
-        watch = Watch(self.capture.path)  # wakes the loop on the source's writes (wake.py)
+        # wakes the loop on the source's writes (wake.py)
+        watch = Watch(self.capture.path if self.watch else None)
         pace = Pace(watch, self.poll_interval_s)
         quiet = time.time()  # the last check that saw no commit: the poll stage's start
         try:
             while not halt.is_set():
+                busy = False
                 try:
                     checked = time.time()
                     if self.capture.changed() or force:
+                        busy = True
                         with self.lock:
                             appended = self.step()
                         if appended and not force:
@@ -156,7 +161,7 @@ class SqliteSource:
                     log.error("capture failed; retrying", error=str(e), failures=failures)
                     halt.wait(RETRY.delay(failures))
                     continue
-                while not force and not halt.is_set() and not pace.wait(halt):
+                while not force and not halt.is_set() and not pace.wait(halt, busy):
                     pass
         finally:
             watch.close()

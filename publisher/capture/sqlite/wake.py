@@ -19,13 +19,23 @@ deleting, truncating or zeroing the journal (``IN_DELETE`` / ``IN_MODIFY``), the
 unlocks.  So the last event of a commit comes *before* the commit is visible, by
 an fsync at most (WAL) or a few microseconds (the rest): a check right at the
 event may still read the old ``data_version``, and no later event is due.  Hence
-the schedule after an event (:meth:`Pace.timeout`): check at once, then every
+the schedule after an event (:meth:`Pace.wait`, idle): check at once, then every
 :data:`HOT_STEP_S` until :data:`HOT_S` has passed since the last event, then wait
 as long again as has passed since it (the checks double apart) up to the
 fallback ``poll_interval``.  A commit that becomes visible ``d`` after its last
 write is seen within :data:`HOT_STEP_S` of that when ``d`` < :data:`HOT_S`, within
 ``d`` more otherwise, and never later than the fallback poll: the watch only ever
 shortens the wait, it cannot lose a change.
+
+Busy and idle.  The events only pace an *idle* capture (its last check found no
+commit).  While commits keep coming (the last check found one), the loop checks
+every :data:`BUSY_STEP_S` (at most ``poll_interval``) and reads the events only
+once idle again: a commit writes several pages, an event each, and waking for each
+one in the W1 bench (1,000 transactions a second, every commit its own step, the
+GIL handed back and forth with the feed's threads at each wake-up) made the
+end-to-end lag 2.5-13x worse than polling on a loaded machine (docs/performance.md).
+Under load a step groups the commits of its time, as the polling capture did;
+the first commit after a quiet spell is taken at once.
 
 Rejected: watching ``<db>-wal`` alone (the file is deleted when the last
 connection closes and re-created; the directory's watch survives that); waiting
@@ -50,10 +60,11 @@ from pathlib import Path
 
 import structlog
 
-__all__ = ["HALT_CHECK_S", "HOT_S", "HOT_STEP_S", "Pace", "Watch"]
+__all__ = ["BUSY_STEP_S", "HALT_CHECK_S", "HOT_S", "HOT_STEP_S", "Pace", "Watch"]
 
 log = structlog.get_logger(__name__)
 
+BUSY_STEP_S = 0.002  # checks this far apart while commits keep coming
 HOT_STEP_S = 0.0005  # checks this far apart right after a write to the source
 HOT_S = 0.02  # for this long after the last write (an fsync on a loaded disk)
 HALT_CHECK_S = 0.1  # the longest single wait: how soon a halt is noticed
@@ -73,8 +84,12 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len (then len bytes of name)
 class Watch:
     """An inotify watch on the directory of a SQLite file, for that file's writes."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
+        """``path`` None: an inactive watch (capture polls)."""
         self.fd = -1
+        self._names: set[bytes] = set()
+        if path is None:
+            return
         self._names = {os.fsencode(path.name + s) for s in ("", "-wal", "-journal")}
         if not sys.platform.startswith("linux"):
             return
@@ -135,10 +150,13 @@ class Watch:
 class Pace:
     """When the capture loop checks ``data_version`` next (the module docstring).
 
-    After each check the next is set :data:`HOT_STEP_S` later while less than
-    :data:`HOT_S` has passed since the last write event, else as long after as has
-    passed since it, never more than ``poll_s`` (the configured fallback); a write
-    event makes the check due at once.  Without a watch: every ``poll_s``.
+    Busy (the last check found a commit): the next check comes :data:`BUSY_STEP_S`
+    later (at most ``poll_s``), whatever is written meanwhile: the commits of that
+    time make one step, as with polling.  Idle (it found none): a write event makes
+    the check due at once; after each check the next is set :data:`HOT_STEP_S`
+    later while less than :data:`HOT_S` has passed since the last event, else as
+    long after as has passed since it, never more than ``poll_s`` (the fallback).
+    Without a watch: every ``poll_s``.
     """
 
     def __init__(self, watch: Watch, poll_s: float) -> None:
@@ -146,12 +164,22 @@ class Pace:
         self.poll_s = poll_s
         self._written = -1e9  # monotonic time of the last write event
         self.written_at = 0.0  # its wall-clock time (the ``poll`` stage's start)
-        self._next = time.monotonic()  # of the next check
+        self._next = time.monotonic()  # of the next check, when idle
 
-    def wait(self, halt: threading.Event) -> bool:
-        """Wait; True: check now.  False: not due yet, woke to let the caller see ``halt``."""
+    def wait(self, halt: threading.Event, busy: bool) -> bool:
+        """Wait; True: check now.  False: not due yet, woke to let the caller see ``halt``.
+
+        ``busy``: the last check found a commit.
+        """
         if not self.watch.active:
             halt.wait(self.poll_s)
+            return True
+        if busy:
+            # Under load a wake-up per write event (several per commit) cost the
+            # daemon's other threads the GIL as often and made every stage slower
+            # (docs/performance.md): pace like the polling capture while commits come.
+            halt.wait(min(BUSY_STEP_S, self.poll_s))
+            self._written = time.monotonic()  # quick checks for HOT_S once commits stop
             return True
         timeout = min(max(0.0, self._next - time.monotonic()), HALT_CHECK_S)
         written = self.watch.wait(timeout)
