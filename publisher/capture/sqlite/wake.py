@@ -90,7 +90,8 @@ class Watch:
         self._names: set[bytes] = set()
         if path is None:
             return
-        self._names = {os.fsencode(path.name + s) for s in ("", "-wal", "-journal")}
+        real = path.resolve()  # a symlink's events name the file it points to
+        self._names = {os.fsencode(real.name + s) for s in ("", "-wal", "-journal")}
         if not sys.platform.startswith("linux"):
             return
         try:
@@ -101,7 +102,7 @@ class Watch:
         if fd < 0:
             log.warning("cannot watch the SQLite source; capture polls", path=str(path))
             return
-        directory = os.fsencode(path.resolve().parent)
+        directory = os.fsencode(real.parent)
         if int(libc.inotify_add_watch(fd, directory, _MASK)) < 0:
             err = ctypes.get_errno()
             os.close(fd)
