@@ -179,8 +179,8 @@ class Pace:
             # Under load a wake-up per write event (several per commit) cost the
             # daemon's other threads the GIL as often and made every stage slower
             # (docs/performance.md): pace like the polling capture while commits come.
+            # The events of these writes stay queued: the first idle wait reads them.
             halt.wait(min(BUSY_STEP_S, self.poll_s))
-            self._written = time.monotonic()  # quick checks for HOT_S once commits stop
             return True
         timeout = min(max(0.0, self._next - time.monotonic()), HALT_CHECK_S)
         written = self.watch.wait(timeout)

@@ -29,14 +29,20 @@ def _past(pub: Publication, head: int) -> bool:
     return pub.log.head > head
 
 
-@pytest.mark.parametrize("journal", ["wal", "delete"])
+@pytest.mark.parametrize("journal", ["wal", "delete", "wal, through a symlink"])
 def test_a_change_made_while_capture_idles_is_logged_without_the_poll_wait(
     tmp_path: Path, journal: str
 ) -> None:
-    conn = sqlite3.connect(tmp_path / "src.db", isolation_level=None)
-    conn.execute(f"PRAGMA journal_mode = {journal}")
+    """Also with the source configured as a symlink to a file elsewhere: SQLite writes beside
+    the file it points to, and that is what the capture watches."""
+    path = tmp_path / "src.db"
+    if "symlink" in journal:
+        (tmp_path / "real").mkdir()
+        path.symlink_to(tmp_path / "real" / "data.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA journal_mode = {journal.split(',')[0]}")
     conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    source = SqliteSource(tmp_path / "src.db", poll_interval_s=FALLBACK_S)
+    source = SqliteSource(path, poll_interval_s=FALLBACK_S)
     source.install("shop", "inc-1", ["t"])
     pub = open_pub(tmp_path / "logs", "shop", ["t"])
     halt = threading.Event()
