@@ -14,7 +14,11 @@ Publisher (``txrepl_publication_stage_seconds{publication, stage}``):
              PostgreSQL source's commit time is the server's commit timestamp;
              a SQLite source has none (triggers cannot read a clock that the
              commit would keep), so its entries carry the capture time and this
-             stage reads ~0 there: its poll wait shows only end to end.
+             stage reads ~0 there: its wait for the capture is ``poll``.
+``poll``     a SQLite source only (one observation per capture step that
+             appended): the check that saw a commit, less the later of the last
+             check that saw none and the last write to the source's files
+             (publisher/capture/sqlite/wake.py): the capture's wait for the commit.
 ``durable``  append began → the group commit that holds it made it durable and
              visible to feeds (one observation per entry).
 ``send``     visible → its feed message was written to the gRPC stream (one
@@ -54,7 +58,7 @@ from common.metrics import METRICS
 
 __all__ = ["BUCKETS", "PUBLISHER_STAGES", "SUBSCRIBER_STAGES", "StageLatency"]
 
-PUBLISHER_STAGES = ("capture", "durable", "send")
+PUBLISHER_STAGES = ("poll", "capture", "durable", "send")
 SUBSCRIBER_STAGES = ("receive", "queue", "apply", "commit", "total")
 
 # Fine below 10 ms (the goal is a p99 of 10 ms end to end), coarse above.

@@ -94,7 +94,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "txrepl_publication_stage_seconds": (
         "histogram",
         ("publication", "stage"),
-        "latency of one leg of an entry's path in the publisher: capture (source commit "
+        "latency of one leg of an entry's path in the publisher: poll (SQLite source: "
+        "last write -> the check that saw the commit), capture (source commit "
         "-> append), durable (append -> fsynced and visible), send (visible -> written "
         "to a feed); common/latency.py",
     ),

@@ -62,7 +62,7 @@ class SourceOptions:
 
     slot: str = "txrepl"  # PostgreSQL: the replication slot
     plugin: Literal["pgoutput", "wal2json"] = "pgoutput"  # PostgreSQL: logical decoding
-    poll_interval_s: float = 0.005  # SQLite: how often capture looks for new commits
+    poll_interval_s: float = 0.005  # SQLite: the fallback poll (wake.py wakes it on writes)
     max_entry_bytes: int = 4 * 1024 * 1024  # fragments beyond (common/fragments.py)
     snapshot_readers: int = 2  # PostgreSQL: pieces of a snapshot read at a time
     snapshot_range_rows: int = 1_000_000  # PostgreSQL: a bigger table is read in key ranges

@@ -80,7 +80,7 @@ def _quantile(q: float, bounds: list[float], cumulative: dict[float, float], tot
     return lower
 
 
-_ORDER = ("capture", "durable", "send", "receive", "queue", "apply", "commit", "total")
+_ORDER = ("poll", "capture", "durable", "send", "receive", "queue", "apply", "commit", "total")
 
 
 def format_stages(stages: dict[str, Any]) -> str:

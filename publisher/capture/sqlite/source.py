@@ -1,8 +1,10 @@
 """SqliteSource: the Source protocol over trigger capture of a SQLite file.
 
 Streaming polls the capture table (``SqliteCapture.read``) whenever SQLite's
-``data_version`` says another connection committed, and at least every
-``poll_interval_s``; and again at once after a poll that stopped where the rows'
+``data_version`` says another connection committed.  It checks that right after
+any write to the source's files (an inotify watch, ``wake.py``, which says when),
+and at least every ``poll_interval_s`` (the fallback, and the only pace where the
+source cannot be watched); and again at once after a poll that stopped where the rows'
 origin changes (common/origin.py, R2), since the rows it left were committed
 already and no later commit may come to say so.  One step, under ``lock``, turns
 every captured row so far into at most one entry per publication, then releases
@@ -46,6 +48,7 @@ from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
 from publisher.capture.sqlite.exact import stored_writer
+from publisher.capture.sqlite.wake import Pace, Watch
 from publisher.capture.values import rows_chunk, value_writer
 from publisher.errors import RowTooLarge, SourceError
 from publisher.publication import Publication
@@ -79,7 +82,9 @@ class SqliteSource:
         *,
         poll_interval_s: float = 0.005,
         max_entry_bytes: int = SourceOptions.max_entry_bytes,
+        watch: bool = True,
     ) -> None:
+        self.watch = watch  # False: poll only (the benchmark's comparison, wake.py)
         self.cut = False  # the last step stopped where the origin changes: rows wait
         self.health = CaptureHealth()  # the streaming loop and the capture's lock waits
         self.capture = SqliteCapture(path, health=self.health)
@@ -125,27 +130,49 @@ class SqliteSource:
         self._streaming.set()
         failures = 0
         force = True
-        while not halt.is_set():
-            try:
-                if self.capture.changed() or force:
-                    with self.lock:
-                        self.step()
-                    # A poll that stopped where the origin changes left committed rows
-                    # behind, which no later commit may come to announce: poll again.
-                    force = self.cut
-                elif self._unreleased:
-                    with self.lock:
-                        self._release()
-                failures = 0
-                self.health.ok()
-            except Exception as e:  # keep capturing; the source may be busy or briefly locked
-                failures += 1
-                self.health.failed(e)
-                force = True
-                log.error("capture failed; retrying", error=str(e), failures=failures)
-                halt.wait(RETRY.delay(failures))
-                continue
-            halt.wait(self.poll_interval_s)
+        # wakes the loop on the source's writes (wake.py)
+        watch = Watch(self.capture.path if self.watch else None)
+        pace = Pace(watch, self.poll_interval_s)
+        quiet = time.time()  # the last check that saw no commit: the poll stage's start
+        try:
+            while not halt.is_set():
+                busy = False
+                try:
+                    checked = time.time()
+                    if self.capture.changed() or force:
+                        busy = True
+                        with self.lock:
+                            appended = self.step()
+                        if appended and not force:
+                            self._observe_poll(checked - max(quiet, pace.written_at))
+                        # A poll that stopped where the origin changes left committed rows
+                        # behind, which no later commit may come to announce: poll again.
+                        force = self.cut
+                    elif self._unreleased:
+                        with self.lock:
+                            self._release()
+                    quiet = checked
+                    failures = 0
+                    self.health.ok()
+                except Exception as e:  # keep capturing; the source may be busy or locked
+                    failures += 1
+                    self.health.failed(e)
+                    force = True
+                    log.error("capture failed; retrying", error=str(e), failures=failures)
+                    halt.wait(RETRY.delay(failures))
+                    continue
+                while not force and not halt.is_set() and not pace.wait(halt, busy):
+                    pass
+        finally:
+            watch.close()
+
+    def _observe_poll(self, seconds: float) -> None:
+        """The ``poll`` stage: the check that saw a commit, less the later of the last
+        check that saw none and the last write to the source (the commit's own, unless
+        another writer's came after it: an estimate, exact for a lone transaction)."""
+        for p in self.pubs or ():
+            if p.stages is not None:
+                p.stages.observe(p.name, "poll", seconds)
 
     def step(self, upto: int | None = None) -> int:
         """One poll: committed capture rows (ids <= ``upto``) become one group per publication.
