@@ -10,7 +10,9 @@ A batch's transaction::
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py), constraints and
                 indexes (_ddl.py); upsert txrepl_schemas
-      rows      COPY stage FROM STDIN (FORMAT csv)
+      rows      small: DELETE ... IN (VALUES), INSERT ... VALUES ... ON CONFLICT
+                (_pipeline.py, which also pipelines a batch of such steps); else:
+                COPY stage FROM STDIN (FORMAT csv)
                 DELETE FROM t USING stage ...
                 SAVEPOINT; COPY t FROM STDIN; RELEASE   -- the fresh rows (RowsStep.fresh);
                                                          -- on a unique violation: ROLLBACK TO
@@ -85,6 +87,7 @@ from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
 from subscriber.targets.postgres._origin import SessionOrigin
+from subscriber.targets.postgres._pipeline import SMALL_PARAMS, rows_by_statements, small
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -171,6 +174,7 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
         self._origin = SessionOrigin()
         self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
+        self.small_values = SMALL_PARAMS  # up to it per statement, rows skip staging
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -191,14 +195,18 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
             )
         return self._conn
 
-    def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
-        """Run ``body(cursor)`` in one transaction with the session settings; translate."""
+    def _run(
+        self, subscription: str, seq: int | None, body: Any, *, pipelined: bool = False
+    ) -> Any:
+        """Run ``body(cursor)`` in one transaction with the session settings; translate.
+        ``pipelined``: in psycopg's pipeline mode (no COPY then: ``_pipeline.py``)."""
         conn: psycopg.Connection[Any] | None = None
         self._new_stages.clear()
         self._filled.clear()
         try:
             conn = self._connection()
-            with conn.transaction(), conn.cursor() as cur:
+            mode = conn.pipeline() if pipelined else contextlib.nullcontext()
+            with mode, conn.transaction(), conn.cursor() as cur:
                 cur.execute(
                     "SELECT set_config('session_replication_role', %s, true)",
                     (self.replication_role,),
@@ -439,7 +447,10 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         step: RowsStep,
         staged: tuple[str | None, str | None] | None = None,
     ) -> int:
-        """Deletes, then upserts, through staging tables (COPY, or filled by JDBC)."""
+        """Deletes, then upserts, through staging tables (COPY, or filled by JDBC), or
+        by statements when small (``_pipeline.py``)."""
+        if staged is None and small(step, self.small_values):
+            return rows_by_statements(cur, step)
         schema = step.schema
         names = [c.name for c in schema.columns]
         key_idx = [names.index(k) for k in schema.primary_key]
