@@ -87,7 +87,12 @@ from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
 from subscriber.targets.postgres._origin import SessionOrigin
-from subscriber.targets.postgres._pipeline import SMALL_PARAMS, rows_by_statements, small
+from subscriber.targets.postgres._pipeline import (
+    SMALL_PARAMS,
+    rows_by_statements,
+    run_pipelined,
+    small,
+)
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -205,8 +210,8 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
         self._filled.clear()
         try:
             conn = self._connection()
-            mode = conn.pipeline() if pipelined else contextlib.nullcontext()
-            with mode, conn.transaction(), conn.cursor() as cur:
+
+            def settings_then_body(cur: psycopg.Cursor[Any]) -> Any:
                 cur.execute(
                     "SELECT set_config('session_replication_role', %s, true)",
                     (self.replication_role,),
@@ -219,7 +224,12 @@ class PostgresWriter(GroupWrites, PostgresOrderedTables):
                 self._origin.use(cur, subscription, self.apply_origin)  # _origin.py
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
-                result = body(cur)
+                return body(cur)
+
+            if pipelined:
+                return run_pipelined(conn, settings_then_body)
+            with conn.transaction(), conn.cursor() as cur:
+                result = settings_then_body(cur)
             self._stages.update(self._new_stages)  # committed: they exist from now on
             return result
         except psycopg.Error as exc:
