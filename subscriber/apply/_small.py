@@ -89,6 +89,9 @@ def net_effect_positions_local(
     """
     out: list[tuple[np.ndarray, np.ndarray]] = []
     for keys in segments:
+        if keys.num_columns == 2 and _plain_integers(keys.column(1)):
+            out.append(_by_integer_key(keys.column(0), keys.column(1)))
+            continue
         flat = _flat(keys)
         names = flat.column_names[1:]
         if flat.num_rows == 0:
@@ -100,3 +103,27 @@ def net_effect_positions_local(
         order = np.argsort(pos)
         out.append((pos[order], first[order]))
     return out
+
+
+def _plain_integers(col: pa.ChunkedArray) -> bool:
+    return bool(pa.types.is_integer(col.type) and col.null_count == 0)
+
+
+def _by_integer_key(
+    positions: pa.ChunkedArray, keys: pa.ChunkedArray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`net_effect_positions_local` of one segment keyed by one integer column
+    without NULLs (W1's, the usual key), in numpy: sorted by key then position, the
+    last and first position of each run of one key.  Arrow's group-by costs ~0.7 ms
+    a segment of a few rows (its plan's set-up), this a few microseconds."""
+    pos = positions.to_numpy().astype(np.int64, copy=False)
+    key = keys.to_numpy()
+    if pos.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.lexsort((pos, key))
+    key, pos = key[order], pos[order]
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    ends = np.concatenate((starts[1:], [key.size])) - 1
+    last, first = pos[ends], pos[starts]
+    by_last = np.argsort(last)
+    return last[by_last], first[by_last]

@@ -104,6 +104,10 @@ class MetadataSql:
 
     def lock_level(self, cur: Executor, subscription: str) -> tuple[int, str]:
         """(level, incarnation) of the subscription, its row locked for this transaction."""
+        return _level_of(self._lock_sent(cur, subscription).fetchone())
+
+    def _lock_sent(self, cur: Executor, subscription: str) -> Any:
+        """Send the level row's lock; the cursor whose row is (level, incarnation)."""
         p = {"subscription": subscription}
         if self.make_level_row:
             self._run(
@@ -112,13 +116,27 @@ class MetadataSql:
                 " VALUES (:subscription, '', 0) ON CONFLICT (subscription) DO NOTHING",
                 p,
             )
-        row = self._run(
+        return self._run(
             cur,
             "SELECT level, incarnation FROM txrepl_subscriptions"
             " WHERE subscription = :subscription" + self.lock_suffix,
             p,
-        ).fetchone()
-        return (int(row[0]), str(row[1])) if row else (0, "")
+        )
+
+    def check_later(
+        self, cur: Executor, subscription: str, incarnation: str, first_seq: int
+    ) -> Callable[[], None]:
+        """:meth:`check_and_lock` with the check deferred: the lock is sent now on
+        ``cur`` (a cursor of its own), the returned function reads the row and raises
+        :class:`GapError` on a mismatch (PostgreSQL's pipeline mode waits only then:
+        subscriber/targets/postgres/_pipeline.py)."""
+        sent = self._lock_sent(cur, subscription)
+
+        def check() -> None:
+            level, stored = _level_of(sent.fetchone())
+            check_level(subscription, incarnation, first_seq, level, stored)
+
+        return check
 
     def set_level(self, cur: Executor, subscription: str, incarnation: str, level: int) -> None:
         self._run(
@@ -295,3 +313,7 @@ class MetadataSql:
             " WHERE subscription = :subscription AND seq = :seq",
             {"subscription": subscription, "seq": seq, "status": status},
         )
+
+
+def _level_of(row: Any) -> tuple[int, str]:
+    return (int(row[0]), str(row[1])) if row else (0, "")

@@ -11,12 +11,17 @@ from tests.support.harness import Pair, wait_until
 
 
 def settle(pair: Pair, differences: Callable[[], list[str]], timeout: float = 120.0) -> None:
-    """Wait until ``differences()`` is empty (or the subscription fails, or the
-    publisher exits); then assert: publisher running, in sync, no differences."""
+    """Wait until the subscription is in sync and ``differences()`` is empty (or the
+    subscription fails, or the publisher exits); then assert: publisher running, in
+    sync, no differences.  In sync is waited for too: the rows of a catch-up's last
+    batch are visible a few milliseconds before the subscription says ``in_sync``."""
 
     def done() -> bool:
         assert pair.pub is not None
-        return not pair.pub.running or pair.status().state == "error" or not differences()
+        if not pair.pub.running:
+            return True
+        state = pair.status().state
+        return state == "error" or (state == "in_sync" and not differences())
 
     try:
         wait_until(done, timeout, "the target to equal the source", interval=0.5)

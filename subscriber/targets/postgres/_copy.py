@@ -29,7 +29,7 @@ from subscriber.apply.errors import SchemaError
 from subscriber.apply.writer import column_of
 from subscriber.targets.postgres._names import table_sql
 
-__all__ = ["csv_bytes", "merge_sql", "pg_column", "pg_type", "table_types"]
+__all__ = ["csv_bytes", "merge_sql", "pg_column", "pg_type", "table_types", "upsert_sql"]
 
 Q = sql.Identifier
 
@@ -136,9 +136,15 @@ def csv_bytes(table: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> by
 
 def merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
     """INSERT the staged rows into the table, updating the rows whose key exists."""
+    picks = sql.SQL(", ").join(Q(f"c{i}") for i in range(len(schema.columns)))
+    return upsert_sql(schema, sql.SQL("SELECT {} FROM {}").format(picks, Q(stage)))
+
+
+def upsert_sql(schema: pb.TableSchema, source: sql.Composable) -> sql.Composed:
+    """INSERT the rows of ``source`` (a SELECT or VALUES of every column, in order)
+    into the table, updating the rows whose key exists."""
     names = [c.name for c in schema.columns]
     cols = sql.SQL(", ").join(Q(n) for n in names)
-    picks = sql.SQL(", ").join(Q(f"c{i}") for i in range(len(names)))
     pk = sql.SQL(", ").join(Q(k) for k in schema.primary_key)
     rest = [n for n in names if n not in schema.primary_key]
     conflict: sql.Composable
@@ -148,6 +154,6 @@ def merge_sql(schema: pb.TableSchema, stage: str) -> sql.Composed:
     else:
         conflict = sql.SQL("DO NOTHING")
     # OVERRIDING SYSTEM VALUE: identity ALWAYS keys take the publisher's values.
-    return sql.SQL(
-        "INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE SELECT {} FROM {} ON CONFLICT ({}) {}"
-    ).format(table_sql(schema.table), cols, picks, Q(stage), pk, conflict)
+    return sql.SQL("INSERT INTO {} ({}) OVERRIDING SYSTEM VALUE {} ON CONFLICT ({}) {}").format(
+        table_sql(schema.table), cols, source, pk, conflict
+    )

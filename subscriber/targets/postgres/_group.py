@@ -24,6 +24,7 @@ from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.postgres._pipeline import level_checked_last, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
@@ -47,6 +48,7 @@ class GroupWrites(HeldWrites):
     _conn: psycopg.Connection[Any] | None
     conflicts: ConflictGuard | None
     apply_origin: str  # the node the next batch's changes come from
+    small_values: int  # rows steps up to this many values per statement: no staging
 
     def write_held(
         self,
@@ -64,11 +66,7 @@ class GroupWrites(HeldWrites):
         ``reexecute``: a stored, skipped entry (subscriber/targets/metadata.py)."""
         held = self._held
 
-        def body(cur: psycopg.Cursor[Any]) -> int:
-            if held.open:
-                held.check(subscription, first_seq)
-            else:
-                METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
+        def statements(cur: psycopg.Cursor[Any]) -> int:
             written = 0
             for n, step in enumerate(steps):
                 written += self._step(cur, subscription, step, staged.get(n))
@@ -81,15 +79,28 @@ class GroupWrites(HeldWrites):
                 METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)
             return written
 
+        def body(cur: psycopg.Cursor[Any]) -> int:
+            if piped:  # the level read last, before COMMIT (_pipeline.py)
+                batch = (subscription, incarnation, first_seq)
+                return level_checked_last(cur, METADATA_SQL, batch, lambda: statements(cur))
+            if held.open:
+                held.check(subscription, first_seq)
+            else:
+                METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
+            return statements(cur)
+
         with self._lock:
             if not held.open:
                 self._republish(subscription, first_seq, before=True)
             grouped = held.open or not commit  # no JDBC stages: emptied by a rollback too
             staged = {} if grouped else self._jdbc_stages(subscription, first_seq, steps)
+            piped = not (grouped or reexecute or staged) and pipelined(
+                steps, subscription, self.conflicts, self.small_values
+            )
             try:
                 if grouped and not held.open:
                     self._connection().execute("BEGIN")
-                written: int = self._run(subscription, first_seq, body)
+                written: int = self._run(subscription, first_seq, body, pipelined=piped)
                 if commit and grouped:
                     self._connection().execute("COMMIT")
             except psycopg.Error as exc:
@@ -154,7 +165,9 @@ class GroupWrites(HeldWrites):
     def _connection(self) -> psycopg.Connection[Any]:
         raise NotImplementedError
 
-    def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
+    def _run(
+        self, subscription: str, seq: int | None, body: Any, *, pipelined: bool = False
+    ) -> Any:
         raise NotImplementedError
 
     def _refused(

@@ -10,7 +10,9 @@ A batch's transaction::
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py), constraints and
                 indexes (_ddl.py); upsert txrepl_schemas
-      rows      COPY stage FROM STDIN (FORMAT csv)
+      rows      small: DELETE ... IN (VALUES), INSERT ... VALUES ... ON CONFLICT
+                (_pipeline.py, which also pipelines a batch of such steps); else:
+                COPY stage FROM STDIN (FORMAT csv)
                 DELETE FROM t USING stage ...
                 SAVEPOINT; COPY t FROM STDIN; RELEASE   -- the fresh rows (RowsStep.fresh);
                                                          -- on a unique violation: ROLLBACK TO
@@ -85,6 +87,12 @@ from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
 from subscriber.targets.postgres._names import T, create_schema
 from subscriber.targets.postgres._origin import SessionOrigin
+from subscriber.targets.postgres._pipeline import (
+    SMALL_PARAMS,
+    rows_by_statements,
+    run_pipelined,
+    small,
+)
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -172,6 +180,7 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
         self._origin = SessionOrigin()
         self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
+        self.small_values = SMALL_PARAMS  # up to it per statement, rows skip staging
         with self._lock:
             self._run("", 0, self._init_metadata)
 
@@ -192,14 +201,18 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
             )
         return self._conn
 
-    def _run(self, subscription: str, seq: int | None, body: Any) -> Any:
-        """Run ``body(cursor)`` in one transaction with the session settings; translate."""
+    def _run(
+        self, subscription: str, seq: int | None, body: Any, *, pipelined: bool = False
+    ) -> Any:
+        """Run ``body(cursor)`` in one transaction with the session settings; translate.
+        ``pipelined``: in psycopg's pipeline mode (no COPY then: ``_pipeline.py``)."""
         conn: psycopg.Connection[Any] | None = None
         self._new_stages.clear()
         self._filled.clear()
         try:
             conn = self._connection()
-            with conn.transaction(), conn.cursor() as cur:
+
+            def settings_then_body(cur: psycopg.Cursor[Any]) -> Any:
                 cur.execute(
                     "SELECT set_config('session_replication_role', %s, true)",
                     (self.replication_role,),
@@ -212,7 +225,12 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
                 self._origin.use(cur, subscription, self.apply_origin)  # _origin.py
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
-                result = body(cur)
+                return body(cur)
+
+            if pipelined:
+                return run_pipelined(conn, settings_then_body)
+            with conn.transaction(), conn.cursor() as cur:
+                result = settings_then_body(cur)
             self._stages.update(self._new_stages)  # committed: they exist from now on
             return result
         except psycopg.Error as exc:
@@ -448,7 +466,10 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
         step: RowsStep,
         staged: tuple[str | None, str | None] | None = None,
     ) -> int:
-        """Deletes, then upserts, through staging tables (COPY, or filled by JDBC)."""
+        """Deletes, then upserts, through staging tables (COPY, or filled by JDBC), or
+        by statements when small (``_pipeline.py``)."""
+        if staged is None and small(step, self.small_values):
+            return rows_by_statements(cur, step)
         schema = step.schema
         names = [c.name for c in schema.columns]
         key_idx = [names.index(k) for k in schema.primary_key]

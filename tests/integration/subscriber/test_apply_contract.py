@@ -200,7 +200,7 @@ def test_rows_the_source_inserted_go_first_and_may_already_exist(
     applier: Applier, backend: Backend
 ) -> None:
     """Upserts of keys whose first event in the segment is an INSERT are marked
-    fresh (PostgreSQL COPYs them straight into the table); a fresh row whose key
+    fresh (a staged PostgreSQL step COPYs them straight into the table); a fresh row whose key
     is on the target after all (INSERT OR REPLACE on a SQLite source, a Publish)
     still overwrites it, and nothing else of the batch is lost."""
     applier.apply(
@@ -211,6 +211,7 @@ def test_rows_the_source_inserted_go_first_and_may_already_exist(
     inserted: list[bool] = []
     if isinstance(applier.writer, PostgresWriter):
         writer = applier.writer
+        writer.small_values = 0  # the staged path: small steps upsert by statement
         real = writer._inserted
 
         def spy(*args: Any) -> bool:

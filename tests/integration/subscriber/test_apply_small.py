@@ -56,6 +56,13 @@ def segments(draw: st.DrawFn) -> list[pa.Table]:
         for p, k in (([], []), ([], []), ([0], [None]))
     ]
 )
+@example(  # one integer key without NULLs (computed in numpy), keys repeated
+    segs=[
+        pa.table({"_pos": pa.array([0, 1, 2, 3, 4], pa.int64()),
+                  "c0": pa.array([7, -1, 7, 2**40, -1], pa.int64())}),
+        pa.table({"_pos": pa.array([5, 6], pa.int64()), "c0": pa.array([3, 3], pa.int32())}),
+    ]
+)  # fmt: skip
 def test_local_net_effect_is_sparks(spark, segs: list[pa.Table]) -> None:
     assert supported(segs)
     local = net_effect_positions_local(segs)
