@@ -35,8 +35,10 @@ txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk``
 ``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
 index on orders) on both sides, ``txrepl maria``, SQLite → a private MariaDB
 target, ``txrepl maria-pg``, a private MariaDB source (its binary log) → PostgreSQL,
-and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26), only when
-named) and
+and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26);
+``txrepl pg spark``, ``txrepl pg fk spark`` and ``txrepl sqlite spark``, the same with
+the subscriber's ``[apply] spark_min_rows = 10000``, the default before issue 23 (every
+catch-up batch's net effect a Spark job); only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -108,6 +110,7 @@ EXTRA_SYSTEMS = (
     "txrepl pg fk",
     "txrepl pg fk+unique",
     "txrepl pg spark",
+    "txrepl sqlite spark",
     "txrepl pg fk spark",
     "txrepl maria",
     "txrepl maria-pg",
@@ -436,14 +439,18 @@ class Rig:
 class TxreplSqlite(Rig):
     name = "txrepl sqlite"
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, *, spark_min_rows: int | None = None) -> None:
         self.base = base
         self.pair: Pair | None = None
         self.src: sqlite3.Connection | None = None
+        self.extra: dict[str, Any] = {}
+        if spark_min_rows is not None:  # "txrepl sqlite spark": the A/B of issue 23
+            self.extra = {"apply": {"spark_min_rows": spark_min_rows}}
+            self.name = "txrepl sqlite spark"
 
     def setup(self, run: int) -> Source:
         work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-{run}-", dir=self.base))
-        self.pair = Pair(work, tables=["accounts", "orders"])
+        self.pair = Pair(work, tables=["accounts", "orders"], subscriber_extra=self.extra)
         self.src = sqlite_source(self.pair.source_path)
         self.pair.start_publisher()
         self.target_where = str(self.pair.target_path)
@@ -1290,6 +1297,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 res.rows.append(row)
 
     measure(TxreplSqlite(base))
+    measure(TxreplSqlite(base, spark_min_rows=10_000))  # the net effect in Spark, as before
     if "txrepl maria" in cfg.systems:
         from tests.fixtures.mariadb import maria_available, start_maria_instance
 
