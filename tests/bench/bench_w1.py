@@ -676,7 +676,11 @@ class TxreplPg(Rig):
             "data_dir": str(self.work / "publisher"),
             "source": src_dsn,
             "poll_interval_ms": 2,
-            "publication": [{"name": "shop", "tables": ["accounts", "orders"]}],
+            # max_delta above the default 1,000,000: at T = 1,000,000 the whole stream
+            # is the catch-up's backlog, which must not make the subscriber invalid.
+            "publication": [
+                {"name": "shop", "tables": ["accounts", "orders"], "max_delta": 10_000_000}
+            ],
         }
         (self.work / "publisher.toml").write_text(to_toml(cfg))
         self.pub = Daemon(
