@@ -35,8 +35,10 @@ txrepl pg with the subscriber's ``[batch] plan_ahead = false``, ``txrepl pg fk``
 ``txrepl pg fk+unique``, W1 with a foreign key from orders to accounts (and a unique
 index on orders) on both sides, ``txrepl maria``, SQLite → a private MariaDB
 target, ``txrepl maria-pg``, a private MariaDB source (its binary log) → PostgreSQL,
-and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26), only when
-named) and
+and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26);
+``txrepl pg spark``, ``txrepl pg fk spark`` and ``txrepl sqlite spark``, the same with
+the subscriber's ``[apply] spark_min_rows = 10000``, the default before issue 23 (every
+catch-up batch's net effect a Spark job); only when named) and
 ``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
@@ -107,11 +109,16 @@ EXTRA_SYSTEMS = (
     "txrepl pg serial",
     "txrepl pg fk",
     "txrepl pg fk+unique",
+    "txrepl pg spark",
+    "txrepl sqlite spark",
+    "txrepl pg fk spark",
     "txrepl maria",
     "txrepl maria-pg",
     "txrepl pg-maria",
 )
 # The constraint variants of txrepl pg (issue 20), DDL run on both sides after W1's:
+# ("… spark": the same with the subscriber's [apply] spark_min_rows at 10,000, its
+# default before issue 23: every catch-up batch's net effect a Spark job (A/B))
 # a foreign key from orders to accounts (the replica role leaves the apply path as
 # is), and with it a unique index on orders, which takes orders' rows steps to the
 # constraint-safe order (delete the touched keys, then insert: subscriber/apply/_order.py).
@@ -360,10 +367,17 @@ def visibility_poller(
 
 
 def _spark_ready_at(daemon: Daemon | None) -> float | None:
-    """When ``daemon``'s log says its Spark session is warm (wall time), else None."""
+    """When ``daemon``'s log says its Spark session is warm (wall time), else None.
+
+    None too when a batch was applied before that: the apply did not wait for Spark
+    (since issue 23 catch-up batches need no Spark job), so the JVM's start ran beside
+    the apply and the clock starts at ``syncing``.
+    """
     if daemon is None:
         return None
     for line in daemon.log_path.read_text(errors="replace").splitlines():
+        if '"batch applied"' in line:
+            return None
         if '"spark warmed up"' in line:
             stamp = json.loads(line)["timestamp"].replace("Z", "+00:00")
             return datetime.datetime.fromisoformat(stamp).timestamp()
@@ -406,6 +420,10 @@ class Rig:
         its launch until the publication's head holds that transaction."""
         return None
 
+    def subscriber(self) -> Daemon | None:
+        """The running subscriber daemon, for its peak memory (None: not a txrepl rig)."""
+        return None
+
     def spark_ready_at(self) -> float | None:
         """Wall time the subscriber's Spark session was up and warm (its log's ``spark
         warmed up``), None when there is none: the JVM's start and the engine's warm-up
@@ -421,14 +439,18 @@ class Rig:
 class TxreplSqlite(Rig):
     name = "txrepl sqlite"
 
-    def __init__(self, base: Path) -> None:
+    def __init__(self, base: Path, *, spark_min_rows: int | None = None) -> None:
         self.base = base
         self.pair: Pair | None = None
         self.src: sqlite3.Connection | None = None
+        self.extra: dict[str, Any] = {}
+        if spark_min_rows is not None:  # "txrepl sqlite spark": the A/B of issue 23
+            self.extra = {"apply": {"spark_min_rows": spark_min_rows}}
+            self.name = "txrepl sqlite spark"
 
     def setup(self, run: int) -> Source:
         work = Path(tempfile.mkdtemp(prefix=f"w1-txrepl-{run}-", dir=self.base))
-        self.pair = Pair(work, tables=["accounts", "orders"])
+        self.pair = Pair(work, tables=["accounts", "orders"], subscriber_extra=self.extra)
         self.src = sqlite_source(self.pair.source_path)
         self.pair.start_publisher()
         self.target_where = str(self.pair.target_path)
@@ -465,6 +487,9 @@ class TxreplSqlite(Rig):
 
     def spark_ready_at(self) -> float | None:
         return _spark_ready_at(self.pair.sub if self.pair else None)
+
+    def subscriber(self) -> Daemon | None:
+        return self.pair.sub if self.pair else None
 
     def metrics(self) -> list[str]:
         pair = self.pair
@@ -593,6 +618,7 @@ class TxreplPg(Rig):
         *,
         plan_ahead: bool = True,
         variant: str = "",
+        spark_min_rows: int | None = None,
     ) -> None:
         self.base = base
         self.plan_ahead = plan_ahead
@@ -601,6 +627,10 @@ class TxreplPg(Rig):
         self.extra_ddl = VARIANTS[variant] if variant else ""
         if variant:
             self.name = f"txrepl pg {variant}"
+        self.apply: dict[str, int] = {}
+        if spark_min_rows is not None:
+            self.apply = {"spark_min_rows": spark_min_rows}
+            self.name += " spark"
         self.src_server = src_server
         self.dst_server = dst_server
         self.conn: Any = None
@@ -646,7 +676,11 @@ class TxreplPg(Rig):
             "data_dir": str(self.work / "publisher"),
             "source": src_dsn,
             "poll_interval_ms": 2,
-            "publication": [{"name": "shop", "tables": ["accounts", "orders"]}],
+            # max_delta above the default 1,000,000: at T = 1,000,000 the whole stream
+            # is the catch-up's backlog, which must not make the subscriber invalid.
+            "publication": [
+                {"name": "shop", "tables": ["accounts", "orders"], "max_delta": 10_000_000}
+            ],
         }
         (self.work / "publisher.toml").write_text(to_toml(cfg))
         self.pub = Daemon(
@@ -683,6 +717,7 @@ class TxreplPg(Rig):
             "data_dir": str(self.work / "subscriber"),
             "backoff": {"initial_s": 0.1, "max_s": 1.0},
             "batch": {"plan_ahead": self.plan_ahead},
+            **({"apply": self.apply} if self.apply else {}),
             "subscription": [
                 {"publisher": "pub1", "address": self.pub.address, "publication": "shop"}
             ],
@@ -709,6 +744,9 @@ class TxreplPg(Rig):
 
     def spark_ready_at(self) -> float | None:
         return _spark_ready_at(self.sub)
+
+    def subscriber(self) -> Daemon | None:
+        return self.sub
 
     def metrics(self) -> list[str]:
         return [d.metrics_address for d in (self.pub, self.sub) if d]
@@ -878,6 +916,7 @@ def catch_up(
                 interval=0.005,
             )
             done = time.time()
+            peak = _peak_rss_mib(rig.subscriber())
             same = source.checksum() == w1_checksum(target)
         finally:
             target.close()
@@ -903,9 +942,25 @@ def catch_up(
             "row_changes_per_s": round(counts["row_changes"] / apply_s, 1),
             "txn_per_s": round(counts["transactions"] / apply_s, 1),
             "checksum_ok": same,
+            **peak,
         }
     finally:
         rig.teardown()
+
+
+def _peak_rss_mib(daemon: Daemon | None) -> dict[str, float]:
+    """The subscriber's peak resident memory so far (VmHWM), its Python process and its
+    JVM (a child process), in MiB; empty when there is no subscriber."""
+    from tests.support.rss import children, rss_kib
+
+    if daemon is None or daemon.proc is None:
+        return {}
+    pid = daemon.proc.pid
+    jvm = sum(rss_kib(c, "VmHWM") for c in children(pid))
+    return {
+        "sub_peak_rss_mib": round(rss_kib(pid, "VmHWM") / 1024, 1),
+        "jvm_peak_rss_mib": round(jvm / 1024, 1),
+    }
 
 
 def _rounded(seconds: float | None) -> float | None:
@@ -1214,7 +1269,13 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
             print(
                 f"  {rig.name} catch-up run {run_no}: {row['row_changes_per_s']:,.0f} rows/s "
                 f"({row['apply_s']:.2f}s apply, {row['startup_s']:.1f}s start-up), "
-                f"checksum {'ok' if row['checksum_ok'] else 'MISMATCH'}",
+                f"checksum {'ok' if row['checksum_ok'] else 'MISMATCH'}"
+                + (
+                    f", subscriber peak RSS {row['sub_peak_rss_mib']:,.0f} MiB"
+                    f" (JVM {row['jvm_peak_rss_mib']:,.0f} MiB)"
+                    if "sub_peak_rss_mib" in row
+                    else ""
+                ),
                 flush=True,
             )
             res.rows.append(row)
@@ -1240,6 +1301,7 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 res.rows.append(row)
 
     measure(TxreplSqlite(base))
+    measure(TxreplSqlite(base, spark_min_rows=10_000))  # the net effect in Spark, as before
     if "txrepl maria" in cfg.systems:
         from tests.fixtures.mariadb import maria_available, start_maria_instance
 
@@ -1267,6 +1329,12 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 measure(TxreplPg(base, src_server, dst_server, plan_ahead=False))
                 for variant in VARIANTS:
                     measure(TxreplPg(base, src_server, dst_server, variant=variant))
+                for variant in ("", "fk"):  # the net effect in Spark, as before issue 23
+                    measure(
+                        TxreplPg(
+                            base, src_server, dst_server, variant=variant, spark_min_rows=10_000
+                        )
+                    )
                 maria_rigs = {"txrepl maria-pg": TxreplMariaPg, "txrepl pg-maria": TxreplPgMaria}
                 wanted = [name for name in maria_rigs if name in cfg.systems]
                 if wanted:
