@@ -217,9 +217,9 @@ class ApplyConfig:
     jdbc_min_rows: int = 0  # PostgreSQL: Spark JDBC staging from this many row changes (0: off)
     # Batches of plain tables with fewer row changes compute their net effect in the
     # driver (Arrow) instead of a Spark job, whose fixed cost bounds the in-sync lag
-    # and whose cost per row bounds the catch-up (docs/apply.md); 0 sends every batch
-    # through Spark.
-    spark_min_rows: int = 1_000_000
+    # (docs/apply.md; 1,000,000 keeps catch-up batches in the driver too); 0 sends
+    # every batch through Spark.
+    spark_min_rows: int = 10_000
     tables: dict[str, TableApplyConfig] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -14,12 +14,7 @@ from typing import Any
 
 from common.backoff import Backoff
 
-__all__ = ["SPARK_MIN_ROWS", "ApplyOptions", "TableOptions"]
-
-# The default of ``[apply] spark_min_rows``: every catch-up batch of the default
-# ``[batch]`` limits (64,000 W1 entries: ~144k row changes) gets its net effect in
-# the driver; a bigger one (a huge transaction) goes to Spark.
-SPARK_MIN_ROWS = 1_000_000
+__all__ = ["ApplyOptions", "TableOptions"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +61,9 @@ class ApplyOptions:
     )
     jdbc_min_rows: int = 0  # PostgreSQL: stage through Spark JDBC from this many rows
     # Plain-table batches of fewer row changes: net effect in the driver, no Spark
-    # job (its fixed cost bounds the in-sync lag, its cost per row the catch-up:
-    # docs/apply.md, issue 23); 0: every batch through Spark.
-    spark_min_rows: int = SPARK_MIN_ROWS
+    # job (its fixed cost would bound the in-sync lag); catch-up batches go through
+    # Spark (1,000,000 keeps them in the driver: docs/apply.md); 0: every batch.
+    spark_min_rows: int = 10_000
     tables: Mapping[str, TableOptions] = field(default_factory=dict)
     # Plain rows steps carry each row's source commit time (``_commit_us``), which
     # conflict resolution reads (an updatable subscription; parses every entry).

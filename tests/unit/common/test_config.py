@@ -188,4 +188,4 @@ def test_subscriber_batch_and_apply_defaults(tmp_path: Path) -> None:
     sub = load_subscriber(_write(tmp_path, SUB))
     assert sub.batch.max_delay_ms == 0  # no longer used (issue 23)
     assert sub.batch.plan_ahead is True
-    assert sub.apply.spark_min_rows == 1_000_000  # issue 23: catch-up batches in the driver
+    assert sub.apply.spark_min_rows == 10_000
