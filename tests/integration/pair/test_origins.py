@@ -131,10 +131,8 @@ def _pair(a: Node, b: Node, writers: tuple[Callable[[], int], Callable[[], int]]
     assert set(log_a) == set(log_b) == {"a", "b"}
 
 
-def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
-    """SQLite ⇄ SQLite, both sides writing disjoint rows at once, and B published on to
-    C (a chain): all three hold the same rows (C has A's through B), and no change was
-    replicated back to the node it was made on."""
+def _sqlite_nodes(tmp_path: Path) -> list[Node]:
+    """Nodes a, b and c, each a SQLite file holding the empty ``items`` table."""
     nodes = []
     for name in ("a", "b", "c"):
         (tmp_path / name).mkdir()
@@ -142,7 +140,14 @@ def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
         with sqlite3.connect(db) as conn:
             conn.execute(TABLE)
         nodes.append(Node(name, tmp_path / name, f"sqlite:///{db}", ["items"]))
-    a, b, c = nodes
+    return nodes
+
+
+def test_sqlite_pair_and_chain_converge_without_echo(tmp_path: Path) -> None:
+    """SQLite ⇄ SQLite, both sides writing disjoint rows at once, and B published on to
+    C (a chain): all three hold the same rows (C has A's through B), and no change was
+    replicated back to the node it was made on."""
+    a, b, c = _sqlite_nodes(tmp_path)
     writers = (
         lambda: _workload(_sqlite_writer(tmp_path / "a" / "node.db"), "a", range(1, 60, 2)),
         lambda: _workload(_sqlite_writer(tmp_path / "b" / "node.db"), "b", range(2, 60, 2)),
@@ -210,14 +215,7 @@ def test_sqlite_ring_converges_without_loops(tmp_path: Path) -> None:
     ends with every row, and each change went round once (R3 stops it at the node
     before its origin): each log holds its own node's changes exactly once and the
     others' no more often than they were made."""
-    nodes = []
-    for name in ("a", "b", "c"):
-        (tmp_path / name).mkdir()
-        db = tmp_path / name / "node.db"
-        with sqlite3.connect(db) as conn:
-            conn.execute(TABLE)
-        nodes.append(Node(name, tmp_path / name, f"sqlite:///{db}", ["items"]))
-    a, b, c = nodes
+    a, b, c = nodes = _sqlite_nodes(tmp_path)
 
     def rows(n: Node) -> object:
         return sqlite_rows(n.workdir / "node.db", "items")
