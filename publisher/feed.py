@@ -263,51 +263,12 @@ class FeedManager:
                 f"subscriber level {hello.level} is ahead of publication {pub.name!r} head "
                 f"{head}: the publisher lost entries or was restored; refusing to go back",
             )
-        if (
-            hello.level == 0
-            and not hello.incarnation
-            and plog.first_seq > 1
-            and await asyncio.to_thread(self.registry.get, pub.name, hello.subscriber) is None
-        ):
-            # A new subscriber after a purge: nothing to invalidate, it needs a snapshot.
-            raise _refused(
-                pb.REFUSAL_KIND_SNAPSHOT_REQUIRED,
-                f"snapshot required: entries 1..{plog.first_seq - 1} of {pub.name!r} were "
-                'purged; start this subscriber from a snapshot (initial = "auto" or '
-                "\"snapshot\", or 'txrepl subscriber reinit')",
-            )
-        reg = await asyncio.to_thread(
-            self.registry.ensure, pub.name, hello.subscriber, plog.incarnation, hello.level
-        )
-        if not reg.valid:
-            raise _refused(
-                pb.REFUSAL_KIND_INVALID,
-                f"{INVALID_PREFIX}: {reg.invalid_reason}; re-initialise it, then run "
-                f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
-            )
-        reason = ""
-        if hello.level + 1 < plog.first_seq:
-            reason = (
-                f"its next entry {hello.level + 1} was purged (first retained: {plog.first_seq})"
-            )
-        elif head - hello.level > pub.config.max_delta and not reg.waive_delta:
-            reason = (
-                f"level {hello.level} lags head {head} by {head - hello.level} entries, "
-                f"more than max_delta {pub.config.max_delta}"
-            )
-        if reason:
-            await asyncio.to_thread(self.registry.mark_invalid, pub.name, hello.subscriber, reason)
-            log.warning(
-                "subscriber marked invalid",
-                publication=pub.name,
-                subscriber=hello.subscriber,
-                reason=reason,
-            )
-            raise _refused(
-                pb.REFUSAL_KIND_INVALID,
-                f"{INVALID_PREFIX}: {reason}; re-initialise it, then run "
-                f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
-            )
+        # Admission (the purge checks and the registration) and a retention pass
+        # exclude each other (Publication.retention_lock): otherwise a pass that read
+        # the registry before this subscriber was registered purges what it needs.
+        refusal = await asyncio.to_thread(self._admit, pub, hello)
+        if refusal is not None:
+            raise refusal
         await asyncio.to_thread(
             self.registry.set_level, pub.name, hello.subscriber, hello.level, plog.incarnation
         )
@@ -319,6 +280,57 @@ class FeedManager:
             last_sent=hello.level,
             acked=hello.level,
         )
+
+    def _admit(self, pub: Publication, hello: pb.Hello) -> FeedRefused | None:
+        """The purge and max-delta checks of a Hello, and the subscriber's
+        registration, under the publication's retention lock (in a worker thread);
+        the refusal to raise, if any."""
+        plog = pub.log
+        head = plog.head
+        with pub.retention_lock:
+            if (
+                hello.level == 0
+                and not hello.incarnation
+                and plog.first_seq > 1
+                and self.registry.get(pub.name, hello.subscriber) is None
+            ):
+                # A new subscriber after a purge: nothing to invalidate, it needs a snapshot.
+                return _refused(
+                    pb.REFUSAL_KIND_SNAPSHOT_REQUIRED,
+                    f"snapshot required: entries 1..{plog.first_seq - 1} of {pub.name!r} were "
+                    'purged; start this subscriber from a snapshot (initial = "auto" or '
+                    "\"snapshot\", or 'txrepl subscriber reinit')",
+                )
+            reg = self.registry.ensure(pub.name, hello.subscriber, plog.incarnation, hello.level)
+            if not reg.valid:
+                return _refused(
+                    pb.REFUSAL_KIND_INVALID,
+                    f"{INVALID_PREFIX}: {reg.invalid_reason}; re-initialise it, then run "
+                    f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
+                )
+            reason = ""
+            if hello.level + 1 < plog.first_seq:
+                first = plog.first_seq
+                reason = f"its next entry {hello.level + 1} was purged (first retained: {first})"
+            elif head - hello.level > pub.config.max_delta and not reg.waive_delta:
+                reason = (
+                    f"level {hello.level} lags head {head} by {head - hello.level} entries, "
+                    f"more than max_delta {pub.config.max_delta}"
+                )
+            if reason:
+                self.registry.mark_invalid(pub.name, hello.subscriber, reason)
+                log.warning(
+                    "subscriber marked invalid",
+                    publication=pub.name,
+                    subscriber=hello.subscriber,
+                    reason=reason,
+                )
+                return _refused(
+                    pb.REFUSAL_KIND_INVALID,
+                    f"{INVALID_PREFIX}: {reason}; re-initialise it, then run "
+                    f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
+                )
+            return None
 
     async def _read_acks(
         self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage | Malformed]

@@ -51,6 +51,9 @@ class Publication:
         self.log = log
         self.shaper = Shaper(shapings(config.filter, config.columns))
         self._lock = threading.Condition()
+        # Held by a retention pass and by a subscriber's admission (feed.py): a pass
+        # never purges from registry levels read before a subscriber was registered.
+        self.retention_lock = threading.Lock()
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
         self.last_commit_time = time.time()

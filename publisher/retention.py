@@ -44,8 +44,15 @@ def apply_retention(
 ) -> int:
     """One retention pass over ``pub``; returns the number of entries purged.
 
-    ``live`` holds the (publication, subscriber) pairs with a feed open now.
+    ``live`` holds the (publication, subscriber) pairs with a feed open now.  The
+    pass holds ``pub.retention_lock``, so no subscriber is admitted (checked against
+    the log's first entry and registered, feed.py) while it reads levels and purges.
     """
+    with pub.retention_lock:
+        return _retention_pass(pub, registry, live)
+
+
+def _retention_pass(pub: Publication, registry: Registry, live: Collection[tuple[str, str]]) -> int:
     _enforce_max_delta(pub, registry, live)
     purged = 0
     low = registry.min_valid_level(pub.name)

@@ -52,3 +52,36 @@ def test_size_limit_invalidates_subscribers_that_needed_purged_entries(tmp_path:
     assert not behind.valid
     assert "were purged by the retention limits" in behind.invalid_reason
     assert reg.get("p", "current").valid  # type: ignore[union-attr]
+
+
+def test_a_subscriber_admitted_during_a_pass_is_not_purged_past(tmp_path: Path) -> None:
+    """A new subscriber's first Hello arrives while a retention pass runs on a
+    publication nobody had synced: the pass must not purge what it needs (it did: the
+    pass read "no valid level" before the registration and "some subscriber" after it,
+    took every subscriber for invalid and purged up to the head's segment; the
+    subscriber, admitted at level 0, then found entry 1 gone)."""
+    import threading
+
+    from common.rpc import txrepl_pb2 as pb
+    from publisher.feed import FeedManager
+
+    pub, reg = _setup(tmp_path)
+    feeds = FeedManager("pub1", {"p": pub}, reg)
+    hello = pb.Hello(subscriber="new", publisher="pub1", publication="p", level=0)
+    refusals: list[object] = []
+    admission = threading.Thread(target=lambda: refusals.append(feeds._admit(pub, hello)))
+    read_levels = reg.min_valid_level
+
+    def levels_then_a_hello(publication: str) -> int | None:
+        low = read_levels(publication)
+        admission.start()  # the Hello comes between the pass's two registry reads
+        admission.join(1.0)  # under the fix it waits for the pass to end
+        return low
+
+    reg.min_valid_level = levels_then_a_hello  # type: ignore[method-assign]
+    apply_retention(pub, reg)
+    admission.join(10)
+    assert refusals == [None]  # admitted
+    row = reg.get("p", "new")
+    assert row is not None and row.valid
+    assert pub.log.first_seq == 1, "a pass purged entries the admitted subscriber needs"
