@@ -164,7 +164,9 @@ class Side:
                 seen["rows"] = self.target_rows()
             except Exception as exc:  # the target may be mid-change
                 seen["rows"] = exc
-            return bool(seen["rows"] == want and st.level == self.pair.head())
+            return bool(
+                seen["rows"] == want and st.level == self.pair.head() and st.state == "in_sync"
+            )
 
         try:
             wait_until(done, timeout, "the target to equal the source", interval=0.3)

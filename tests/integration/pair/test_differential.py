@@ -110,13 +110,15 @@ def _control(pair: Pair, call: str) -> None:
 
 
 def _settle(pair: Pair, schema: Schema, src: str, target: str, dst: str) -> None:
-    """Wait until the target equals the source (or the subscription stops in error)."""
+    """Wait until the subscription is in sync and the target equals the source (or the
+    subscription stops in error): a catch-up's last rows land just before in sync."""
 
     def diff() -> list[str]:
         return differences(schema, _where(src), target, _where(dst))
 
     def done() -> bool:
-        return pair.status().state == "error" or not diff()
+        state = pair.status().state
+        return state == "error" or (state == "in_sync" and not diff())
 
     try:
         wait_until(done, 180, "the target to equal the source", interval=0.5)

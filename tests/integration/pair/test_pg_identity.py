@@ -55,7 +55,8 @@ def _differences(src_dsn: str, dst_dsn: str) -> list[str]:
 
 def _settle(pair: Pair, src_dsn: str, dst_dsn: str) -> None:
     def done() -> bool:
-        return pair.status().state == "error" or not _differences(src_dsn, dst_dsn)
+        state = pair.status().state  # in sync too: a catch-up's rows land just before it
+        return state == "error" or (state == "in_sync" and not _differences(src_dsn, dst_dsn))
 
     try:
         wait_until(done, 180, "the target to equal the source", interval=0.5)

@@ -29,10 +29,11 @@ def _settle_until(pair: Pair, equal: Callable[[], bool]) -> None:
     subscription is in sync (an error state stops the wait and is reported)."""
 
     def done() -> bool:
-        if pair.status().state == "error":
+        state = pair.status().state
+        if state == "error":
             return True
         try:
-            return equal()
+            return state == "in_sync" and equal()
         except (psycopg.Error, sqlite3.Error):
             return False
 

@@ -66,7 +66,9 @@ def test_target_follows_the_publication_filter_and_its_changes(tmp_path: Path) -
         pair.start_publisher(listen=address)
         want = src.execute("SELECT * FROM orders WHERE id <= 3 ORDER BY id").fetchall()
         wait_until(
-            lambda: _rows(pair.target_path, "*") == want, 120, "the target to follow the change"
+            lambda: pair.status().state == "in_sync" and _rows(pair.target_path, "*") == want,
+            120,
+            "the target to follow the change",
         )
         assert _columns(pair.target_path) == ["id", "region", "note", "secret"]
         assert pair.status().state == "in_sync"
