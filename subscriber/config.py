@@ -150,8 +150,17 @@ class SparkConfig:
     executor_cores: int = 0  # spark.executor.cores (0: Spark's default)
     executor_memory: str = ""  # spark.executor.memory, e.g. "2g" ("": Spark's default)
     python: str = ""  # the executors' Python ("": this daemon's interpreter)
+    # When the driver's JVM starts (subscriber/apply/lazy.py): "on_demand", at the first
+    # batch of spark_min_rows row changes or the first snapshot (a subscriber in sync
+    # never starts one); "at_start", as the daemon starts (a catch-up finds it warm).
+    start: str = "on_demand"
 
     def __post_init__(self) -> None:
+        if self.start not in ("on_demand", "at_start"):
+            raise ValueError(
+                f"spark.start {self.start!r}: use 'on_demand' (the JVM starts when a batch "
+                "first needs it) or 'at_start' (as the daemon starts)"
+            )
         if self.executor_cores < 0:
             raise ValueError("spark.executor_cores must not be negative")
         if self.executor_memory and not re.fullmatch(r"[0-9]+[kmgtKMGT]?", self.executor_memory):

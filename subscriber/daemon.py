@@ -27,6 +27,8 @@ at scrape time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -54,9 +56,11 @@ from subscriber.apply import (
     Applier,
     ApplyResult,
     Planned,
+    SparkSettings,
     Writer,
     create_spark_session,
 )
+from subscriber.apply.engine import warm_up
 from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
@@ -223,10 +227,11 @@ class Subscriber:
                 "the previous one ran, at once (natural batching); remove the setting",
                 max_delay_ms=cfg.batch.max_delay_ms,
             )
-        # Started in a thread (subscriber/apply/lazy.py): the subscriptions connect and
-        # apply small batches meanwhile; a Spark job waits for it.
+        # Started in a thread, at once or when first needed (subscriber/apply/lazy.py):
+        # the subscriptions connect and apply meanwhile; a Spark job waits for it.
         settings = spark_settings(cfg)  # executors' settings too
-        self.spark = cast("SparkSession", LazySpark(lambda: create_spark_session(settings)))
+        lazy = LazySpark(lambda: _warmed(settings), at_once=cfg.spark.start == "at_start")
+        self.spark = cast("SparkSession", lazy)
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         stages = StageLatency(
             "txrepl_subscription_stage_seconds", "subscription", self.metrics_registry
@@ -325,8 +330,11 @@ class Subscriber:
         self.notifier.status("drained: " + _levels(self.runners))
 
     def close(self) -> None:
-        if self.spark is not None and not (isinstance(self.spark, LazySpark) and self.spark.failed):
-            self.spark.stop()
+        spark: Any = self.spark
+        if isinstance(spark, LazySpark) and (spark.idle or spark.failed):
+            return  # never started (on_demand), or failed to: nothing to stop
+        if spark is not None:
+            spark.stop()
 
     def stopped_fields(self) -> dict[str, Any]:
         return {"levels": {n: r.level for n, r in self.runners.items()}}
@@ -338,6 +346,21 @@ class Subscriber:
             return not self.spark.sparkContext._jsc.sc().isStopped()
         except Exception:
             return False
+
+
+def _warmed(settings: SparkSettings) -> SparkSession:
+    """A new session, warmed (engine.warm_up) for at most a minute: a cluster without
+    executors holds the jobs, and they go on in the background."""
+    spark = create_spark_session(settings)
+
+    def jobs() -> None:
+        with contextlib.suppress(Exception):  # a broken Spark shows on the first job
+            warm_up(spark)
+
+    warming = threading.Thread(target=jobs, name="txrepl-spark-warm-up", daemon=True)
+    warming.start()
+    warming.join(Applier.WARM_UP_WAIT_S)
+    return spark
 
 
 def _levels(runners: dict[str, SubscriptionRunner]) -> str:

@@ -34,6 +34,7 @@ from subscriber.apply._walk import Unrecognised, Walked, walk
 from subscriber.apply._wire import shadow
 from subscriber.apply.entry import AnyEntry
 from subscriber.apply.errors import ApplyError, SchemaError
+from subscriber.apply.lazy import spark_ready
 from subscriber.apply.options import ApplyOptions
 from subscriber.apply.session import arrow_frame
 from subscriber.apply.writer import (
@@ -232,7 +233,8 @@ class Planning:
     ) -> None:
         """Net effect of the plain segments: one Spark job, overlapped with decoding.
 
-        Fewer events than ``options.spark_min_rows``: no job, Arrow's group-by here
+        Fewer events than ``options.spark_min_rows``, or a session whose JVM is not
+        up yet (``lazy.spark_ready`` begins its start): no job, Arrow's group-by here
         (Spark's fixed cost per job would bound the in-sync lag).  Otherwise the key
         columns are decoded first and handed to Spark in a worker thread; this thread
         decodes the other columns meanwhile, then takes the surviving events by
@@ -240,7 +242,8 @@ class Planning:
         """
         keys = [buf.keys_table() for _, buf in plain]
         events = sum(k.num_rows for k in keys)
-        if events < self.options.spark_min_rows and supported(keys):
+        least = self.options.spark_min_rows
+        if supported(keys) and (events < least or (least and not spark_ready(self._spark))):
             # A small batch: the same grouping in this process (``_small.py``).
             winners = net_effect_positions_local(keys)
             tables = [buf.to_arrow() for _, buf in plain]

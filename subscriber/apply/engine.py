@@ -102,14 +102,41 @@ from subscriber.apply.errors import (
     PoisonEntryError,
     TransientError,
 )
-from subscriber.apply.lazy import spark_starting
+from subscriber.apply.lazy import LazySpark
 from subscriber.apply.options import ApplyOptions
 from subscriber.apply.writer import Step, SubscriptionState, Writer
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Applier", "ApplyResult", "Planned"]
+__all__ = ["Applier", "ApplyResult", "Planned", "warm_up"]
+
+
+# The JVM compiles the job's code over its first runs: measured on 2 cores, a 72k-key
+# job cost the JVM 0.67, 0.62, 0.43, 0.39 s of CPU in runs 2-5, then ~0.3 s.  Three
+# runs at start-up (about 1 s) take most of that off the first batches of a catch-up.
+WARM_UP_JOBS = 3
+
+
+def warm_up(spark: SparkSession, jobs: int = WARM_UP_JOBS) -> SparkSession:
+    """Run a net-effect job of the common shape (one BIGINT key, 50k rows) ``jobs``
+    times, so that the JVM has loaded and compiled that path before a catch-up's
+    first batch (measured: the first W1 catch-up batch took 6 s against 0.6-0.9 s for
+    the next ones when the job only started in the background)."""
+    n = 50_000
+    keys = pa.table(
+        {
+            "_pos": pa.array(np.arange(n), pa.int64()),
+            "c0": pa.array(np.arange(n) % (n // 2), pa.int64()),
+        }
+    )
+    began = time.monotonic()
+    for _ in range(jobs):
+        net_effect_positions(spark, [keys])
+    structlog.get_logger(__name__).info(
+        "spark warmed up", seconds=round(time.monotonic() - began, 3)
+    )
+    return spark
 
 
 @dataclass(frozen=True)
@@ -199,52 +226,24 @@ class Applier(Planning, Pieces):
     def load_state(self) -> SubscriptionState:
         """Read the subscription's level, incarnation and schemas from the target.
 
-        The first call on a SparkSession also runs a net-effect job of the common
-        shape (one BIGINT key, 50k rows; ``WARM_UP_JOBS`` times), so that the JVM
-        has loaded and compiled that path before the subscription connects, instead
-        of during its first batch (measured: the first W1 catch-up batch took 6 s
-        against 0.6-0.9 s for the next ones while the job only started in the
-        background).  It waits at most ``WARM_UP_WAIT_S``; jobs still running then
-        (a cluster without executors) go on in the background.  On a session still
-        starting (:class:`~subscriber.apply.lazy.LazySpark`) it does not wait at all.
+        The first call on a SparkSession also runs :func:`warm_up` on it, waiting at
+        most ``WARM_UP_WAIT_S``; jobs still running then (a cluster without
+        executors) go on in the background.  A daemon's session
+        (:class:`~subscriber.apply.lazy.LazySpark`) is warmed by its own start
+        instead, so this never waits for, nor starts, its JVM.
         """
         self._state = self._writer.load_state(self.subscription)
         self._warm_up()
         return self._state
 
     WARM_UP_WAIT_S = 60.0
-    # The JVM compiles the job's code over its first runs: measured on 2 cores, a
-    # 72k-key job cost the JVM 0.67, 0.62, 0.43, 0.39 s of CPU in runs 2-5, then
-    # ~0.3 s.  Three runs at start-up (about 1 s) take most of that off the first
-    # batches of a catch-up.
-    WARM_UP_JOBS = 3
 
     def _warm_up(self) -> None:
         spark: Any = self._spark
-        if getattr(spark, "_txrepl_warm", False):
+        if isinstance(spark, LazySpark) or getattr(spark, "_txrepl_warm", False):
             return
         spark._txrepl_warm = True
-        n = 50_000
-        keys = pa.table(
-            {
-                "_pos": pa.array(np.arange(n), pa.int64()),
-                "c0": pa.array(np.arange(n) % (n // 2), pa.int64()),
-            }
-        )
-
-        def jobs() -> None:
-            began = time.monotonic()
-            for _ in range(self.WARM_UP_JOBS):
-                net_effect_positions(self._spark, [keys])
-            structlog.get_logger(__name__).info(
-                "spark warmed up", seconds=round(time.monotonic() - began, 3)
-            )
-
-        job = self._net_effect_thread().submit(jobs)
-        if spark_starting(spark):
-            # The JVM is still starting (subscriber/apply/lazy.py): the jobs run once it
-            # is up; the subscription connects meanwhile (small batches need no job).
-            return
+        job = self._net_effect_thread().submit(warm_up, spark)
         with contextlib.suppress(Exception):  # a broken Spark shows on the first batch
             job.result(timeout=self.WARM_UP_WAIT_S)
 

@@ -1,17 +1,35 @@
-"""The daemon's SparkSession, started beside the subscriptions instead of before them.
+"""The daemon's SparkSession, started when a batch first needs it (or beside the
+subscriptions), never before them.
 
-Issue 23 (start-up): an in-sync apply needs no Spark job (batches below
-``spark_min_rows`` get their net effect in the driver, ``_small.py``), yet the JVM's
-start (6-10 s here) and the warm-up jobs used to come before any subscription
-connected.  :class:`LazySpark` stands where the session is expected: the JVM starts
-in a thread at once, and the first *use* of the session (an attribute read: a
-Spark job, a JDBC stager, a snapshot loader, ``stop``) waits for it.  What never
-touches the session (the small apply path, the writer, the stream) goes on
-meanwhile.
+Issue 23 (start-up, and a light subscriber): an in-sync apply needs no Spark job
+(batches below ``spark_min_rows`` get their net effect in the driver, ``_small.py``),
+yet a JVM's start costs 6-10 s of wall time, about 8 s of CPU on 2 cores with its
+warm-up jobs, and some 400 MB of memory.  :class:`LazySpark` stands where the session
+is expected.  ``[spark] start`` chooses when the JVM starts:
 
-State machine of one start: starting → started (the session) | failed (the error,
-raised at every later use, and logged once when it happens).  Attributes set on
-the proxy itself (the engine's ``_txrepl_warm`` mark) stay on the proxy.
+* ``on_demand`` (the default): at the first batch of at least ``spark_min_rows`` row
+  changes, or the first use of the session (a table with transforms or history, a
+  snapshot load, a JDBC stager).  A subscriber that stays in sync never starts one.
+* ``at_start``: at once, in a thread, while the subscriptions connect (a catch-up
+  then finds the JVM warm).
+
+States of one start: idle → starting → started (the session, warmed) | failed (the
+error, raised at every later use, and logged once when it happens).  ``idle`` only
+in ``on_demand``.  Rules that keep a batch from ever waiting on a start it does not
+need:
+
+* A *use* (an attribute read: a Spark job, a JDBC stager, a snapshot loader) begins
+  the start when idle and waits for it.
+* :func:`spark_ready` tells the planner whether a job can run now; when the session
+  is idle it begins the start and answers False, and the planner computes that
+  batch's net effect in the driver, as it does for a small batch (the same result,
+  ``_small.py``).  So a catch-up never waits for the JVM: its first batches are
+  planned in the driver while the JVM starts and warms, the next ones in Spark.
+  ``spark_min_rows = 0`` (every batch in Spark) waits instead.
+* Closing an idle session starts nothing.
+
+Attributes set on the proxy itself (the engine's ``_txrepl_warm`` mark) stay on the
+proxy.
 """
 
 from __future__ import annotations
@@ -26,21 +44,33 @@ import structlog
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["LazySpark", "spark_starting"]
+__all__ = ["LazySpark", "spark_ready", "spark_starting"]
 
 log = structlog.get_logger(__name__)
 
 
 class LazySpark:
-    """A SparkSession being started in a thread; any attribute read waits for it."""
+    """A SparkSession started in a thread, at once or at first need; a use waits for it."""
 
-    def __init__(self, start: Callable[[], SparkSession]) -> None:
+    def __init__(self, start: Callable[[], SparkSession], *, at_once: bool = True) -> None:
         self._start = start
         self._done = threading.Event()
         self._session: SparkSession | None = None
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="txrepl-spark-start", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        if at_once:
+            self.begin()
+
+    def begin(self) -> None:
+        """Start the JVM in a thread, unless it was already begun."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._run, name="txrepl-spark-start", daemon=True
+            )
+            self._thread.start()
 
     def _run(self) -> None:
         began = time.monotonic()
@@ -54,8 +84,13 @@ class LazySpark:
             self._done.set()
 
     @property
+    def idle(self) -> bool:
+        """True while nothing has asked for the session yet (``on_demand``)."""
+        return self._thread is None
+
+    @property
     def starting(self) -> bool:
-        """True until the session started (or failed to)."""
+        """True until the session started (or failed to), idle included."""
         return not self._done.is_set()
 
     @property
@@ -63,7 +98,8 @@ class LazySpark:
         return self._done.is_set() and self._error is not None
 
     def session(self) -> SparkSession:
-        """The session, once started (waits); the start's error if it failed."""
+        """The session, once started (begins the start, waits); its error if it failed."""
+        self.begin()
         self._done.wait()
         if self._error is not None:
             raise self._error
@@ -79,6 +115,7 @@ class LazySpark:
             "_session",
             "_error",
             "_thread",
+            "_lock",
         ):
             raise AttributeError(name)
         return getattr(self.session(), name)
@@ -87,3 +124,17 @@ class LazySpark:
 def spark_starting(spark: object) -> bool:
     """True when ``spark`` is a :class:`LazySpark` whose session is not there yet."""
     return isinstance(spark, LazySpark) and spark.starting
+
+
+def spark_ready(spark: object) -> bool:
+    """Whether a Spark job on ``spark`` would run without waiting for the JVM.
+
+    A :class:`LazySpark` not started yet is begun (so the next batches find it) and
+    is not ready; a failed one is "ready": the job raises the start's error.
+    """
+    if not isinstance(spark, LazySpark):
+        return True
+    if spark.starting:
+        spark.begin()
+        return False
+    return True
