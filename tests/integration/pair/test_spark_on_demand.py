@@ -75,7 +75,8 @@ def test_in_sync_without_a_jvm_until_a_big_batch_needs_one(tmp_path: Path) -> No
     try:
         pair.start_publisher()
         pair.start_subscriber()
-        assert pair.sub is not None and pair.sub.proc is not None
+        assert pair.sub is not None
+        assert pair.sub.proc is not None
         for i in range(40):  # live, one row change each
             src.execute("INSERT INTO items VALUES (?, ?, ?)", (i, f"v{i}", i))
         _equal(pair, src)
@@ -111,7 +112,8 @@ def test_at_start_starts_the_jvm_with_the_daemon(tmp_path: Path) -> None:
     try:
         pair.start_publisher()
         pair.start_subscriber()
-        assert pair.sub is not None and pair.sub.proc is not None
+        assert pair.sub is not None
+        assert pair.sub.proc is not None
         pid = pair.sub.proc.pid
         wait_until(lambda: _java_below(pid), 60, "the JVM to start with the daemon")
         src.execute("INSERT INTO items VALUES (1, 'a', 1)")
@@ -124,5 +126,5 @@ def test_at_start_starts_the_jvm_with_the_daemon(tmp_path: Path) -> None:
 def test_an_unknown_start_mode_is_refused_at_load(tmp_path: Path) -> None:
     from subscriber.config import SparkConfig
 
-    with pytest.raises(ValueError, match="spark.start 'later'.*on_demand.*at_start"):
+    with pytest.raises(ValueError, match=r"spark\.start 'later'.*on_demand.*at_start"):
         SparkConfig(start="later")

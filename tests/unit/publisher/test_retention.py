@@ -83,5 +83,6 @@ def test_a_subscriber_admitted_during_a_pass_is_not_purged_past(tmp_path: Path) 
     admission.join(10)
     assert refusals == [None]  # admitted
     row = reg.get("p", "new")
-    assert row is not None and row.valid
+    assert row is not None
+    assert row.valid
     assert pub.log.first_seq == 1, "a pass purged entries the admitted subscriber needs"
