@@ -66,7 +66,7 @@ from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.config import PublisherConfig
-from publisher.errors import FeedRefused, TableRefused
+from publisher.errors import FeedRefused, RegistryError, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.node import claim_source_node
@@ -290,10 +290,18 @@ class Publisher:
 
     def open_registry(self) -> None:
         """The registry (SQLAlchemy, imported here: after capture started, module docstring)."""
+        import sqlalchemy
+
         from publisher.registry import MeteredRegistry
 
         url = self.config.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
-        self.registry = MeteredRegistry(url)
+        try:
+            self.registry = MeteredRegistry(url)
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            raise RegistryError(
+                f"the registry cannot be opened ({why}): check registry_url and the data directory"
+            ) from None
 
     def _start_capture(self) -> None:
         if self.source is not None:

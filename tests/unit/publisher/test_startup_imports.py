@@ -26,3 +26,24 @@ def test_the_publisher_daemon_loads_no_postgresql_driver_until_a_url_names_one()
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_capture_starts_without_sqlalchemy_which_only_the_registry_needs() -> None:
+    """Importing the daemon and opening a SQLite source leaves SQLAlchemy unloaded: the
+    registry imports it once capture runs (publisher/daemon.py, "Capture first")."""
+    code = (
+        "import sys, tempfile, pathlib\n"
+        "import publisher.daemon, publisher.cli\n"
+        "from common.dburl import DatabaseUrl\n"
+        "from publisher.capture.dialects import open_source\n"
+        "import sqlite3\n"
+        "db = pathlib.Path(tempfile.mkdtemp()) / 's.db'\n"
+        "sqlite3.connect(db).close()\n"
+        "open_source(DatabaseUrl.parse(f'sqlite:///{db}')).release()\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sqlalchemy'))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
