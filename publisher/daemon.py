@@ -72,7 +72,7 @@ from publisher.log import open_log
 from publisher.node import claim_source_node
 from publisher.publication import Publication
 from publisher.querysnap import QuerySnapshots, check_queries
-from publisher.reshape import check_shapes, snapshot_only_keys, start_reshapes
+from publisher.reshape import check_shapes, pending_reshapes, snapshot_only_keys, start_reshapes
 from publisher.retention import retention_loop
 from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
@@ -246,6 +246,7 @@ class Publisher:
         self.query_snapshots: QuerySnapshots | None = None
         self.credentials: grpc.ServerCredentials | None = None  # from [tls], read by open()
         self.work_started = False  # serve_daemon called start_work (it undoes a failed start)
+        self.reshapes: dict[str, Any] = {}  # changed shapings, read by open() (reshape.py)
 
     def open(self) -> None:
         cfg = self.config
@@ -280,6 +281,8 @@ class Publisher:
             if not pub.config.snapshot_only:  # snapshot-only: no capture (querysnap.py)
                 self._install(pub)
         self.credentials = server_credentials(cfg.tls, cfg.path)  # TLS files: before capture
+        # whether a log is new (head 0) decides its shaping record: read before capture
+        self.reshapes = pending_reshapes(list(self.publications.values()), self.data_dir)
         self._start_capture()
         try:
             self.open_registry()
@@ -394,7 +397,8 @@ class Publisher:
             if self.snapshots is not None:
                 self.snapshots.running = True
             # a changed filter or column list, carried out once capture runs (reshape.py)
-            start_reshapes(self.source, list(self.publications.values()), self.data_dir)
+            pubs = list(self.publications.values())
+            start_reshapes(self.source, pubs, self.data_dir, self.reshapes)
 
     def open_metrics(self) -> Any:
         registry = metrics.new_registry()
