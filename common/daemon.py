@@ -9,7 +9,9 @@ ports can be bound, :func:`~common.serve.check_can_listen`, so a busy port
 changes nothing):
 
 1. start the gRPC endpoint (health SERVING) — the port accepts before READY;
-2. ``start_work()``: the daemon's own work (capture thread, subscription tasks);
+2. ``start_work()``: the daemon's own work (the subscriber's subscription tasks;
+   the publisher's snapshots and reshapes: its capture started before the
+   endpoint, publisher/daemon.py);
 3. the optional metrics server, and ``metrics.addr`` with its bound address;
 4. freeze the start-up heap (:func:`~common.serve.freeze_startup_heap`), last,
    so what start-up allocated stays out of later full collections;

@@ -90,11 +90,11 @@ def _run(args: argparse.Namespace) -> int:
     # capture packages, which the client subcommands of this CLI never need.
     from publisher.config import load_config
     from publisher.daemon import run
-    from publisher.errors import SourceError
+    from publisher.errors import RegistryError, SourceError
 
     try:
         run(load_config(args.config))
-    except SourceError as e:
+    except (SourceError, RegistryError) as e:
         print(f"txrepl: publisher cannot start: {e}", file=sys.stderr)
         return 1
     return 0

@@ -1,13 +1,24 @@
 """The publisher daemon: capture → logs → feeds, behind one gRPC port.
 
-Start-up: open (or create) each publication's log, the registry, install
-capture on the source for every published table, bind the port, write
-``<data_dir>/publisher.addr`` (the bound address, so port 0 works), start the
-metrics endpoint (``metrics.addr``), then tell systemd READY: by then the port
-accepts connections and the logs are open.  While healthy (capture alive) the
-watchdog is pinged at a third of ``WatchdogSec``.  The capture thread moves
-committed source transactions into the logs; the gRPC server serves Sync,
-Publish and Admin.
+Start-up: open (or create) each publication's log, install capture on the
+source for every published table and start the capture thread; then open the
+registry, bind the port, write ``<data_dir>/publisher.addr`` (the bound address,
+so port 0 works), start the metrics endpoint (``metrics.addr``), then tell
+systemd READY: by then the port accepts connections and the logs are open.
+
+Capture first (issue 23, start-up): capture needs only the logs and the source,
+so it resumes before the serving side is loaded — the registry's SQLAlchemy
+import (publisher.registry is imported there, never at module level: feed.py,
+service.py and retention.py name it for type checking only), the gRPC server,
+the metrics endpoint.  What the operator can get wrong is checked before capture
+starts (the ports, TLS files, tokens: ``_main`` and :meth:`Publisher.open`); a
+start that fails after it (the registry, a port taken meanwhile) halts capture
+after the entry in progress and closes the logs, as a stop does — entries it
+logged meanwhile are ordinary captured entries (docs/performance.md).
+
+While healthy (capture alive) the watchdog is pinged at a third of
+``WatchdogSec``.  The capture thread moves committed source transactions into
+the logs; the gRPC server serves Sync, Publish and Admin.
 
 Health (common/health.py): ``txrepl.capture.<publication>`` per publication and
 the whole publisher (``""``) turn NOT_SERVING while capture fails in a loop
@@ -30,14 +41,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
 
 from common import metrics
 from common.daemon import serve_daemon
-from common.feedstatus import CutKind, cut_label
 from common.health import HealthBoard, Reading, health_loop
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
@@ -56,17 +66,19 @@ from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
 from publisher.capture.thread import CaptureThread
 from publisher.config import PublisherConfig
-from publisher.errors import FeedRefused, TableRefused
+from publisher.errors import FeedRefused, RegistryError, TableRefused
 from publisher.feed import FeedManager
 from publisher.log import open_log
 from publisher.node import claim_source_node
 from publisher.publication import Publication
 from publisher.querysnap import QuerySnapshots, check_queries
-from publisher.registry import Registry
-from publisher.reshape import check_shapes, snapshot_only_keys, start_reshapes
+from publisher.reshape import check_shapes, pending_reshapes, snapshot_only_keys, start_reshapes
 from publisher.retention import retention_loop
 from publisher.service import AUTH_RULES, AdminService, ReplicationService, subscriber_info
 from publisher.snapshot import SnapshotSource
+
+if TYPE_CHECKING:  # imported by open_registry(), once capture runs (module docstring)
+    from publisher.registry import MeteredRegistry
 
 __all__ = ["Publisher", "run"]
 
@@ -74,19 +86,6 @@ log = structlog.get_logger(__name__)
 
 
 SUBSCRIBER_STATES = ("disconnected", "syncing", "in_sync", "invalid")
-
-
-class MeteredRegistry(Registry):
-    """The registry, counting cuts by kind (its metric label) as the feed records them."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__(url)
-        self.cuts_by_reason: dict[tuple[str, str], int] = {}
-
-    def record_cut(self, publication: str, subscriber: str, kind: CutKind, reason: str) -> None:
-        super().record_cut(publication, subscriber, kind, reason)
-        key = (publication, cut_label(kind))
-        self.cuts_by_reason[key] = self.cuts_by_reason.get(key, 0) + 1
 
 
 class PublisherCollector:
@@ -167,7 +166,7 @@ class PublisherCollector:
             cuts.add_metric(labels, info.cuts)
         yield from (level, lag, lag_s, valid, state, cuts)
         by_reason = metrics.counter("txrepl_feed_cuts")
-        if isinstance(registry, MeteredRegistry):
+        if hasattr(registry, "cuts_by_reason"):
             for (pub, reason), n in sorted(registry.cuts_by_reason.items()):
                 by_reason.add_metric([pub, reason], n)
         yield by_reason
@@ -233,7 +232,7 @@ class Publisher:
         self.stop_event = asyncio.Event()
         self.notifier = Notifier()
         self.publications: dict[str, Publication] = {}
-        self.registry: Registry | None = None
+        self.registry: MeteredRegistry | None = None
         self.source: Source | None = None
         self.capture_thread: CaptureThread | None = None
         self.endpoint: GrpcEndpoint | None = None
@@ -245,6 +244,9 @@ class Publisher:
         # Exported from the registry open_metrics makes (common/latency.py).
         self.stages = StageLatency("txrepl_publication_stage_seconds", "publication")
         self.query_snapshots: QuerySnapshots | None = None
+        self.credentials: grpc.ServerCredentials | None = None  # from [tls], read by open()
+        self.work_started = False  # serve_daemon called start_work (it undoes a failed start)
+        self.reshapes: dict[str, Any] = {}  # changed shapings, read by open() (reshape.py)
 
     def open(self) -> None:
         cfg = self.config
@@ -263,9 +265,6 @@ class Publisher:
             )
             self.publications[pc.name] = pub = Publication(pc, plog)
             pub.measure(self.stages)
-        self.registry = MeteredRegistry(
-            cfg.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
-        )
         options = SourceOptions(
             slot=cfg.slot_name,
             plugin=cfg.plugin,
@@ -281,6 +280,43 @@ class Publisher:
         for pub in self.publications.values():
             if not pub.config.snapshot_only:  # snapshot-only: no capture (querysnap.py)
                 self._install(pub)
+        self.credentials = server_credentials(cfg.tls, cfg.path)  # TLS files: before capture
+        # whether a log is new (head 0) decides its shaping record: read before capture
+        self.reshapes = pending_reshapes(list(self.publications.values()), self.data_dir)
+        self._start_capture()
+        try:
+            self.open_registry()
+        except BaseException:
+            self._halt_capture()
+            self.close()
+            raise
+
+    def open_registry(self) -> None:
+        """The registry (SQLAlchemy, imported here: after capture started, module docstring)."""
+        import sqlalchemy
+
+        from publisher.registry import MeteredRegistry
+
+        url = self.config.registry_url or f"sqlite:///{self.data_dir / 'registry.db'}"
+        try:
+            self.registry = MeteredRegistry(url)
+        except sqlalchemy.exc.SQLAlchemyError as e:
+            why = str(getattr(e, "orig", None) or e).splitlines()[0]
+            raise RegistryError(
+                f"the registry cannot be opened ({why}): check registry_url and the data directory"
+            ) from None
+
+    def _start_capture(self) -> None:
+        if self.source is not None:
+            captured = [p for p in self.publications.values() if not p.config.snapshot_only]
+            self.capture_thread = CaptureThread(self.source, captured)
+            self.capture_thread.start()
+
+    def _halt_capture(self) -> None:
+        """Stop capture after the entry in progress (blocking: the event loop's is drain)."""
+        if self.capture_thread is not None:
+            self.capture_thread.halt.set()
+            self.capture_thread.join(10)
 
     def _install(self, pub: Publication) -> None:
         """Install ``pub``'s tables; a table the source refuses (TableRefused: no primary
@@ -338,7 +374,7 @@ class Publisher:
                 lambda s: rpc.add_AdminServicer_to_server(admin, s),
             ],
             ["txrepl.v1.Replication", "txrepl.v1.Admin"],
-            credentials=server_credentials(cfg.tls, cfg.path),
+            credentials=self.credentials,
             interceptors=interceptors,
         )
         self.snapshots = snapshots
@@ -355,14 +391,14 @@ class Publisher:
         )
 
     def start_work(self) -> None:
+        """Capture runs already (open()); snapshots and reshapes start with the port."""
+        self.work_started = True
         if self.source is not None:
-            captured = [p for p in self.publications.values() if not p.config.snapshot_only]
-            self.capture_thread = CaptureThread(self.source, captured)
-            self.capture_thread.start()
             if self.snapshots is not None:
                 self.snapshots.running = True
             # a changed filter or column list, carried out once capture runs (reshape.py)
-            start_reshapes(self.source, list(self.publications.values()), self.data_dir)
+            pubs = list(self.publications.values())
+            start_reshapes(self.source, pubs, self.data_dir, self.reshapes)
 
     def open_metrics(self) -> Any:
         registry = metrics.new_registry()
@@ -427,6 +463,13 @@ class Publisher:
     def stopped_fields(self) -> dict[str, Any]:
         return {}
 
+    def abandon(self) -> None:
+        """A start that failed before serve_daemon took over (it undoes its own): stop
+        the capture open() started and close, so nothing runs on while the process exits."""
+        if not self.work_started:
+            self._halt_capture()
+            self.close()
+
     def close(self) -> None:
         for pub in self.publications.values():
             pub.log.close()
@@ -440,9 +483,13 @@ async def _main(config: PublisherConfig) -> None:
     check_can_listen("listen", config.listen)
     check_can_listen("metrics_listen", config.metrics_listen)
     publisher = Publisher(config)
-    publisher.open()
-    install_signal_handlers(publisher.stop_event)
-    await publisher.serve()
+    publisher.open()  # capture runs from here (module docstring)
+    try:
+        install_signal_handlers(publisher.stop_event)
+        await publisher.serve()
+    except BaseException:
+        publisher.abandon()
+        raise
 
 
 def run(config: PublisherConfig) -> None:

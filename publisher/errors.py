@@ -62,6 +62,11 @@ class SourceError(PublisherError):
     """The source database cannot be captured as configured."""
 
 
+class RegistryError(PublisherError):
+    """The registry (``registry_url``, SQLite in the data directory by default) cannot
+    be opened at start-up."""
+
+
 class TableRefused(SourceError):
     """One published table cannot be replicated as it is; ``table`` names it."""
 

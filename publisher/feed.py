@@ -52,7 +52,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -71,7 +71,9 @@ from common.serve import Malformed
 from publisher.errors import FeedRefused
 from publisher.log import PurgedError
 from publisher.publication import Publication
-from publisher.registry import Registry
+
+if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
+    from publisher.registry import Registry
 
 __all__ = ["CUT_PREFIX", "INVALID_PREFIX", "Feed", "FeedManager"]
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import sqlalchemy as sa
 
-from common.feedstatus import CutKind
+from common.feedstatus import CutKind, cut_label
 
-__all__ = ["Registry", "SubscriberRow"]
+__all__ = ["MeteredRegistry", "Registry", "SubscriberRow"]
 
 _meta = sa.MetaData()
 
@@ -249,3 +249,16 @@ def _row(r: sa.Row[object]) -> SubscriberRow:
         cuts=int(m["cuts"]),
         last_cut_reason=m["last_cut_reason"],
     )
+
+
+class MeteredRegistry(Registry):
+    """The registry, counting cuts by kind (its metric label) as the feed records them."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.cuts_by_reason: dict[tuple[str, str], int] = {}
+
+    def record_cut(self, publication: str, subscriber: str, kind: CutKind, reason: str) -> None:
+        super().record_cut(publication, subscriber, kind, reason)
+        key = (publication, cut_label(kind))
+        self.cuts_by_reason[key] = self.cuts_by_reason.get(key, 0) + 1

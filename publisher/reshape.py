@@ -50,7 +50,13 @@ from publisher.errors import ShapeRefused
 from publisher.publication import Publication
 from publisher.shaping import TableShaping, shapings
 
-__all__ = ["check_shapes", "reshape_pending", "source_columns", "start_reshapes"]
+__all__ = [
+    "check_shapes",
+    "pending_reshapes",
+    "reshape_pending",
+    "source_columns",
+    "start_reshapes",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -315,13 +321,25 @@ def _run(
     _write_record(data_dir, pub)
 
 
+def pending_reshapes(
+    pubs: list[Publication], data_dir: Path
+) -> dict[str, dict[str, tuple[TableShaping, TableShaping]]]:
+    """:func:`reshape_pending` of every publication, by name: read before capture starts
+    (a log's head 0 says it is new, and capture's first entry would change that)."""
+    return {pub.name: reshape_pending(data_dir, pub) for pub in pubs}
+
+
 def start_reshapes(
-    source: Source, pubs: list[Publication], data_dir: Path
+    source: Source,
+    pubs: list[Publication],
+    data_dir: Path,
+    pending: dict[str, dict[str, tuple[TableShaping, TableShaping]]],
 ) -> list[threading.Thread]:
-    """Carry out every publication's changed shaping in a thread each (capture runs)."""
+    """Carry out every publication's changed shaping (``pending``, read by
+    :func:`pending_reshapes` before capture started) in a thread each (capture runs)."""
     threads = []
     for pub in pubs:
-        changes = reshape_pending(data_dir, pub)
+        changes = pending.get(pub.name)
         if not changes:
             continue
         if pub.config.snapshot_only:  # each refresh truncates: the new shaping is whole

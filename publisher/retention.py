@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
 from publisher.publication import Publication
-from publisher.registry import Registry, SubscriberRow
+
+if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
+    from publisher.registry import Registry, SubscriberRow
 
 __all__ = ["apply_retention", "retention_loop"]
 

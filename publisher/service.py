@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import structlog
@@ -22,8 +22,10 @@ from publisher.errors import ShapeRefused, SourceError
 from publisher.feed import FeedManager
 from publisher.publication import Publication
 from publisher.querysnap import QuerySnapshots
-from publisher.registry import Registry, SubscriberRow
 from publisher.snapshot import SnapshotSource
+
+if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
+    from publisher.registry import Registry, SubscriberRow
 
 __all__ = ["AUTH_RULES", "AdminService", "ReplicationService", "subscriber_info"]
 
