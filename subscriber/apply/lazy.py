@@ -70,6 +70,7 @@ class LazySpark:
             self._thread = threading.Thread(
                 target=self._run, name="txrepl-spark-start", daemon=True
             )
+            log.info("spark session starting")
             self._thread.start()
 
     def _run(self) -> None:

@@ -387,6 +387,31 @@ def _spark_ready_at(daemon: Daemon | None) -> float | None:
     return None
 
 
+def _jvm_settled(daemon: Daemon | None, timeout: float = 180.0) -> float | None:
+    """Wait until a JVM the subscriber began (``[spark] start = "on_demand"``: transaction
+    0's 10,000 rows are a batch of ``spark_min_rows``) has started and warmed up, so the
+    lag phases measure the steady state in sync, not the JVM's one-off start (about 8 s
+    of CPU on two cores, docs/performance.md); returns the wait in seconds, or None
+    when no JVM was begun."""
+    if daemon is None:
+        return None
+    began = time.monotonic()
+
+    def text() -> str:
+        return daemon.log_path.read_text(errors="replace")
+
+    if '"spark session starting"' not in text():
+        return None
+    with contextlib.suppress(TimeoutError):
+        wait_until(
+            lambda: '"spark warmed up"' in text() or "Spark session did not start" in text(),
+            timeout,
+            "the subscriber's JVM to start and warm up",
+            interval=0.1,
+        )
+    return round(time.monotonic() - began, 2)
+
+
 class Rig:
     """One configuration: fresh source and target per run; the subscriber started on demand."""
 
@@ -1032,6 +1057,7 @@ def in_sync_lag(
         if rig.metrics():  # a txrepl rig: its subscriber's timeline says when
             wait_until(lambda: rig.in_sync_s() is not None, 60, "in sync", interval=0.05)
             in_sync_s = rig.in_sync_s()
+        jvm_settle_s = _jvm_settled(rig.subscriber())
         time.sleep(1.0)  # let the subscriber settle in sync
         rows = []
         for phase_rate, lo in ((rate, 1), (None, 1 + lag_t)):
@@ -1044,6 +1070,7 @@ def in_sync_lag(
             target.close()
         for r in rows:
             r["checksum_ok"] = same
+            r["jvm_settle_s"] = jvm_settle_s
         if in_sync_s is not None:
             # Start-up (issue 23): a subscriber restarted on an idle publication →
             # in sync (JVM included), and a publisher restart → the first transaction
