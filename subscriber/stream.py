@@ -130,7 +130,17 @@ class FeedStream:
         hello.hello.publication = self.config.publication
         hello.hello.incarnation = state.incarnation
         hello.hello.level = state.level
-        await self.call.write(hello)
+        try:
+            await self.call.write(hello)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            # A publisher that refuses the call itself (a missing or wrong token) may
+            # end it before the Hello goes out: the write then fails here ("RPC already
+            # finished", or INTERNAL in the race), and the call's status says why.  A
+            # failed connection (UNAVAILABLE) goes up as before: the runner names a TLS
+            # mismatch from it.
+            if await self.call.code() != grpc.StatusCode.UNAVAILABLE:
+                await self.raise_status()
+            raise
         first = await self.read()
         if first is None:
             await self.raise_status()

@@ -4,6 +4,7 @@ tokens read from files, all through the one client builder (common.security)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sqlite3
@@ -106,7 +107,10 @@ async def _welcome(address: str, tls: ClientTls, token: str) -> pb.PublisherMess
         hello.hello.subscriber = "sub1"
         hello.hello.publisher = "pub1"
         hello.hello.publication = "shop"
-        await call.write(hello)
+        # A refused call may end before the Hello goes out: the write then fails on
+        # our side and the read below raises the call's status.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await call.write(hello)
         try:
             first = await asyncio.wait_for(call.read(), 10)
             assert isinstance(first, pb.PublisherMessage)
@@ -128,6 +132,30 @@ async def test_sync_channel_over_mutual_tls_carries_the_token(
     with pytest.raises(grpc.aio.AioRpcError) as refused:
         await _welcome(pair.pub.address, _mtls(certs), "")
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_hello_after_the_refusal_reports_the_refusal(
+    secure: tuple[Pair, Certs],
+) -> None:
+    """The subscriber's stream (subscriber/stream.py) without its token: the publisher
+    refuses the call before reading the Hello.  When that refusal has already ended the
+    call as the Hello is written, the subscriber reports the refusal (UNAUTHENTICATED,
+    a permanent error naming the token), not a local "RPC already finished"."""
+    from subscriber.config import SubscriptionConfig
+    from subscriber.errors import PermanentFeedError
+    from subscriber.state import SubscriptionState
+    from subscriber.stream import FeedStream
+
+    pair, certs = secure
+    assert pair.pub is not None
+    channel = aio_channel_factory(_mtls(certs), token="")(pair.pub.address)
+    async with channel:
+        config = SubscriptionConfig(publisher="pub1", address=pair.pub.address, publication="shop")
+        stream = FeedStream(channel, config, asyncio.Event())
+        # The call starts when it is made: wait until the publisher has ended it.
+        assert await asyncio.wait_for(stream.call.code(), 10) == grpc.StatusCode.UNAUTHENTICATED
+        with pytest.raises(PermanentFeedError, match=r"UNAUTHENTICATED: .*needs a token"):
+            await stream.hello("sub1", SubscriptionState("pub1.shop", 0, ""))
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
