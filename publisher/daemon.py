@@ -287,8 +287,7 @@ class Publisher:
         try:
             self.open_registry()
         except BaseException:
-            self._halt_capture()
-            self.close()
+            self.abandon()
             raise
 
     def open_registry(self) -> None:

@@ -27,8 +27,6 @@ at scrape time.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -60,7 +58,7 @@ from subscriber.apply import (
     Writer,
     create_spark_session,
 )
-from subscriber.apply.engine import warm_up
+from subscriber.apply.engine import warm_up_awhile
 from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
 from subscriber.control import AUTH_RULES, ControlService
@@ -349,17 +347,9 @@ class Subscriber:
 
 
 def _warmed(settings: SparkSettings) -> SparkSession:
-    """A new session, warmed (engine.warm_up) for at most a minute: a cluster without
-    executors holds the jobs, and they go on in the background."""
+    """A new session, warmed for at most ``Applier.WARM_UP_WAIT_S`` (engine.py)."""
     spark = create_spark_session(settings)
-
-    def jobs() -> None:
-        with contextlib.suppress(Exception):  # a broken Spark shows on the first job
-            warm_up(spark)
-
-    warming = threading.Thread(target=jobs, name="txrepl-spark-warm-up", daemon=True)
-    warming.start()
-    warming.join(Applier.WARM_UP_WAIT_S)
+    warm_up_awhile(spark, Applier.WARM_UP_WAIT_S)
     return spark
 
 

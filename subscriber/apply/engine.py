@@ -78,6 +78,7 @@ schema cache is replaced only after the commit returns.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -109,7 +110,7 @@ from subscriber.apply.writer import Step, SubscriptionState, Writer
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["Applier", "ApplyResult", "Planned", "warm_up"]
+__all__ = ["Applier", "ApplyResult", "Planned", "warm_up", "warm_up_awhile"]
 
 
 # The JVM compiles the job's code over its first runs: measured on 2 cores, a 72k-key
@@ -137,6 +138,20 @@ def warm_up(spark: SparkSession, jobs: int = WARM_UP_JOBS) -> SparkSession:
         "spark warmed up", seconds=round(time.monotonic() - began, 3)
     )
     return spark
+
+
+def warm_up_awhile(spark: SparkSession, wait_s: float) -> None:
+    """:func:`warm_up` in a thread of its own, waited for at most ``wait_s``: jobs
+    still running then (a cluster without executors) go on in the background.  Its
+    errors are dropped: a broken Spark shows at its first batch."""
+
+    def jobs() -> None:
+        with contextlib.suppress(Exception):
+            warm_up(spark)
+
+    warming = threading.Thread(target=jobs, name="txrepl-spark-warm-up", daemon=True)
+    warming.start()
+    warming.join(wait_s)
 
 
 @dataclass(frozen=True)
@@ -243,9 +258,7 @@ class Applier(Planning, Pieces):
         if isinstance(spark, LazySpark) or getattr(spark, "_txrepl_warm", False):
             return
         spark._txrepl_warm = True
-        job = self._net_effect_thread().submit(warm_up, spark)
-        with contextlib.suppress(Exception):  # a broken Spark shows on the first batch
-            job.result(timeout=self.WARM_UP_WAIT_S)
+        warm_up_awhile(spark, self.WARM_UP_WAIT_S)
 
     @property
     def state(self) -> SubscriptionState:
