@@ -27,6 +27,11 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
            0.5 ms (2 ms into MariaDB), so the poller does not share a GIL with the
            source writer.
+cold       both daemons down while the whole stream (T + 1 transactions) runs on the
+           source; then the publisher starts, then the subscriber (txrepl only: the
+           native publisher is the source cluster itself): seconds from the
+           publisher's launch until the target shows transaction T, checksums
+           compared.  Issue 23's goal: <= 3 s at T = 100,000.
 
 Environment: ``TXREPL_BENCH_T`` (default 100000), ``TXREPL_BENCH_LAG_T`` (default
 20000), ``TXREPL_BENCH_RUNS`` (default 3), ``TXREPL_BENCH_RATE`` (default 1000);
@@ -39,7 +44,7 @@ and ``txrepl pg-maria``, PostgreSQL → a private MariaDB target (issue 26);
 ``txrepl pg driver``, ``txrepl pg fk driver`` and ``txrepl sqlite driver``, the same with
 the subscriber's ``[apply] spark_min_rows = 1000000`` (every catch-up batch's net effect
 in the driver, no Spark job; the default 10,000 sends it to Spark); only when named) and
-``TXREPL_BENCH_MEASURES`` (``catch_up,lag``, default both) narrow a run while
+``TXREPL_BENCH_MEASURES`` (``catch_up,lag,cold``, default all three) narrow a run while
 working on one of them; the figures in the README come from full runs.
 
     .venv/bin/python -m tests.bench w1
@@ -152,7 +157,7 @@ class Settings:
     runs: int = 3
     rate: int = 1000
     systems: tuple[str, ...] = SYSTEMS
-    measures: tuple[str, ...] = ("catch_up", "lag")
+    measures: tuple[str, ...] = ("catch_up", "lag", "cold")
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -163,7 +168,7 @@ class Settings:
             runs=_env_int("TXREPL_BENCH_RUNS", 3),
             rate=_env_int("TXREPL_BENCH_RATE", 1000),
             systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS + EXTRA_SYSTEMS, SYSTEMS),
-            measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag")),
+            measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag", "cold")),
         )
 
 
@@ -463,6 +468,13 @@ class Rig:
         from its launch (JVM included) to ``in_sync``."""
         return None
 
+    def stop_publisher(self) -> bool:
+        """Stop the publisher (False: this rig has none to stop, no ``cold`` measure)."""
+        return False
+
+    def start_publisher(self) -> None:
+        """Start the publisher stopped by :meth:`stop_publisher`, on its old address."""
+
 
 class TxreplSqlite(Rig):
     name = "txrepl sqlite"
@@ -544,13 +556,24 @@ class TxreplSqlite(Rig):
         pair = self.pair
         assert pair is not None
         assert pair.pub is not None
-        listen, before = pair.pub.address, pair.head()
-        pair.pub.stop()
+        before = pair.head()
+        self.stop_publisher()
         source.execute(stmts)
         launched = time.time()
-        pair.start_publisher(listen)
+        self.start_publisher()
         wait_until(lambda: pair.head() > before, 60, "capture to resume", interval=0.002)
         return time.time() - launched
+
+    def stop_publisher(self) -> bool:
+        assert self.pair is not None
+        assert self.pair.pub is not None
+        self._listen = self.pair.pub.address
+        self.pair.pub.stop()
+        return True
+
+    def start_publisher(self) -> None:
+        assert self.pair is not None
+        self.pair.start_publisher(self._listen)
 
     def teardown(self) -> None:
         if self.pair is not None:
@@ -812,12 +835,10 @@ class TxreplPg(Rig):
         assert self.work is not None
         listen = self.pub.address
         before = publication_head(listen, "shop")
-        self.pub.stop()
+        self.stop_publisher()
         source.execute(stmts)
-        path = self.work / "publisher.toml"
-        path.write_text(path.read_text().replace('listen = "127.0.0.1:0"', f'listen = "{listen}"'))
         launched = time.time()
-        self.pub.start(timeout=60)
+        self.start_publisher()
         wait_until(
             lambda: publication_head(listen, "shop") > before,
             60,
@@ -825,6 +846,19 @@ class TxreplPg(Rig):
             interval=0.002,
         )
         return time.time() - launched
+
+    def stop_publisher(self) -> bool:
+        assert self.pub is not None
+        assert self.work is not None
+        listen = self.pub.address
+        self.pub.stop()
+        path = self.work / "publisher.toml"
+        path.write_text(path.read_text().replace('listen = "127.0.0.1:0"', f'listen = "{listen}"'))
+        return True
+
+    def start_publisher(self) -> None:
+        assert self.pub is not None
+        self.pub.start(timeout=60)
 
     def teardown(self) -> None:
         for d in (self.sub, self.pub):
@@ -971,6 +1005,51 @@ def catch_up(
             "txn_per_s": round(counts["transactions"] / apply_s, 1),
             "checksum_ok": same,
             **peak,
+        }
+    finally:
+        rig.teardown()
+
+
+def cold_start(
+    rig: Rig, txns: Sequence[list[Stmt]], counts: dict[str, int], run: int
+) -> dict[str, Any] | None:
+    """Both daemons down during the stream, then started: seconds to the final state.
+
+    None for a rig without a publisher of its own (PostgreSQL native).
+    """
+    source = rig.setup(run)
+    try:
+        if not rig.stop_publisher():
+            return None
+        source.durable(False)
+        run_stream(source, txns, 0, None)
+        last = len(txns) - 1
+        launched = time.time()
+        rig.start_publisher()
+        publisher_s = time.time() - launched
+        rig.start_subscriber()
+        target = rig.target()
+        try:
+            wait_until(
+                lambda: target_scalar(target, "SELECT max(id) FROM orders") >= last,
+                1800,
+                f"{rig.name}: transaction {last} on the target",
+                interval=0.005,
+            )
+            done = time.time()
+            same = source.checksum() == w1_checksum(target)
+        finally:
+            target.close()
+        return {
+            "system": rig.name,
+            "measure": "cold",
+            "run": run,
+            "row_changes": counts["row_changes"],
+            "publisher_up_s": round(publisher_s, 3),
+            "total_s": round(done - launched, 3),
+            "row_changes_per_s": round(counts["row_changes"] / (done - launched), 1),
+            "checksum_ok": same,
+            **_peak_rss_mib(rig.subscriber()),
         }
     finally:
         rig.teardown()
@@ -1135,6 +1214,17 @@ class Results:
                         "checksum_ok": all(r["checksum_ok"] for r in cu),
                     }
                 )
+            cold = self.of(s, "cold")
+            if cold:
+                out.append(
+                    {
+                        "system": s,
+                        "measure": "cold_summary",
+                        "runs": len(cold),
+                        "total_s": _spread([r["total_s"] for r in cold]),
+                        "checksum_ok": all(r["checksum_ok"] for r in cold),
+                    }
+                )
             for rt in (rate, "full"):
                 lg = self.of(s, "lag", rt)
                 if lg:
@@ -1212,6 +1302,10 @@ def print_table(
                 f"{s['system']:<15} {s['rate']!s:<6} {m(s['p50_ms']):<26} {m(s['p95_ms']):<26} "
                 f"{m(s['p99_ms']):<26} {m(s['max_ms'])}{ok}"
             )
+    for s in summaries:
+        if s["measure"] == "cold_summary":
+            ok = "" if s["checksum_ok"] else "  CHECKSUM MISMATCH"
+            print(f"{s['system']:<15} both daemons down, then started: {m(s['total_s'])} s{ok}")
     if ratios:
         print("\ntxrepl ÷ PostgreSQL native (medians)")
         for r in ratios:
@@ -1309,6 +1403,18 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 flush=True,
             )
             res.rows.append(row)
+        for run_no in range(1, cfg.runs + 1 if "cold" in cfg.measures else 1):
+            cold = cold_start(rig, catch, counts, run_no)
+            if cold is None:
+                break
+            print(
+                f"  {rig.name} cold run {run_no}: both daemons started → final state in "
+                f"{cold['total_s']:.2f} s (publisher up in {cold['publisher_up_s']:.2f} s, "
+                f"{cold['row_changes_per_s']:,.0f} row changes/s), checksum "
+                f"{'ok' if cold['checksum_ok'] else 'MISMATCH'}",
+                flush=True,
+            )
+            res.rows.append(cold)
         for run_no in range(1, cfg.runs + 1 if "lag" in cfg.measures else 1):
             for row in in_sync_lag(rig, txns, cfg.lag_t, cfg.rate, run_no):
                 if row["measure"] == "startup":

@@ -16,7 +16,7 @@ poll into the entries of one publication.  The rules, in the order a row meets t
   restart repeats the schema once rather than ever leaving it out (``_logged``,
   reset by :meth:`SqliteCapture.forget` when an entry was not logged);
 * a row change becomes a row op, its packed images decoded (images.py) and its
-  values encoded with their storage class (exact.py).
+  values encoded with their storage class (exact.py), written as wire bytes (wire.py).
 
 With ``max_bytes`` an entry ends before the op that would take it over the limit,
 so a poll's transactions may span several entries, and one op alone over the limit
@@ -36,8 +36,8 @@ from common.calls import parse_call
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.sqlite.constraints import published
-from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image, image_values_at
+from publisher.capture.sqlite.wire import row_op
 from publisher.errors import RowTooLarge, key_text
 
 __all__ = ["CapturedRow", "EntryBuilder", "Shape"]
@@ -99,6 +99,7 @@ class EntryBuilder:
         size = 0
         last = after_id
         logged = self._logged
+        names: dict[str, bytes] = {}
 
         def room(op: pb.Op, key_idx: Sequence[int] = ()) -> None:
             nonlocal entry, size
@@ -152,20 +153,15 @@ class EntryBuilder:
                     size=r.size,
                     limit=limit,
                 )
-            op = pb.Op()
-            rc = op.row
-            rc.table = format_table(None, r.tbl)  # the wire's form (common/names.py)
-            rc.op = _OPS[r.op]
-            if r.k is not None:
-                rc.key.extend(
-                    encode_stored(x, t, s)
-                    for x, (t, s) in zip(decode_image(r.k), shape.key_types, strict=False)
-                )
-            if r.v is not None:
-                rc.row.extend(
-                    encode_stored(x, t, s)
-                    for x, (t, s) in zip(decode_image(r.v), shape.types, strict=False)
-                )
+            wire_name = names.get(r.tbl)
+            if wire_name is None:  # the wire's form (common/names.py)
+                wire_name = names[r.tbl] = format_table(None, r.tbl).encode()
+            op = row_op(  # wire.py: the bytes pb.Value objects would serialize to
+                wire_name,
+                _OPS[r.op],
+                None if r.k is None else zip(decode_image(r.k), shape.key_types, strict=False),
+                None if r.v is None else zip(decode_image(r.v), shape.types, strict=False),
+            )
             room(op, shape.key_idx)
         if entry.ops:
             entries.append(entry)
@@ -187,10 +183,10 @@ class EntryBuilder:
 
 
 _OPS = {
-    "I": pb.ROW_OP_INSERT,
-    "U": pb.ROW_OP_UPDATE,
-    "D": pb.ROW_OP_DELETE,
-    "T": pb.ROW_OP_TRUNCATE,
+    "I": int(pb.ROW_OP_INSERT),
+    "U": int(pb.ROW_OP_UPDATE),
+    "D": int(pb.ROW_OP_DELETE),
+    "T": int(pb.ROW_OP_TRUNCATE),
 }
 
 

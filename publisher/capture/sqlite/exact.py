@@ -43,12 +43,16 @@ _PARSE: dict[int, Callable[[str], object]] = {
     T.COLUMN_TYPE_TIMESTAMPTZ: dt.datetime.fromisoformat,
 }
 _CHECKED = frozenset({T.COLUMN_TYPE_DECIMAL, T.COLUMN_TYPE_BOOLEAN, *_PARSE})
+# Plain ints: a protobuf enum attribute costs about 0.5 us per lookup, per value here.
+_DECIMAL = int(T.COLUMN_TYPE_DECIMAL)
+_BOOLEAN = int(T.COLUMN_TYPE_BOOLEAN)
+_TIMESTAMPTZ = int(T.COLUMN_TYPE_TIMESTAMPTZ)
 
 
 def _lossless(v: object, ctype: int, scale: int) -> bool:
     if isinstance(v, bool):
         return False
-    if ctype == T.COLUMN_TYPE_DECIMAL:
+    if ctype == _DECIMAL:
         if isinstance(v, int):
             return True
         if isinstance(v, float) and v == v and abs(v) != float("inf"):
@@ -57,7 +61,7 @@ def _lossless(v: object, ctype: int, scale: int) -> bool:
             except decimal.InvalidOperation:  # beyond the context's precision at this scale
                 return False
         return False
-    if ctype == T.COLUMN_TYPE_BOOLEAN:
+    if ctype == _BOOLEAN:
         return isinstance(v, int) and v in (0, 1)
     if not isinstance(v, str):
         return False
@@ -67,7 +71,7 @@ def _lossless(v: object, ctype: int, scale: int) -> bool:
         return False
     if isinstance(parsed, dt.datetime):
         aware = parsed.tzinfo is not None
-        if aware != (ctype == T.COLUMN_TYPE_TIMESTAMPTZ):
+        if aware != (ctype == _TIMESTAMPTZ):
             return False
     return bool(parsed.isoformat() == v)  # type: ignore[attr-defined]
 

@@ -131,6 +131,26 @@ def test_values_a_coercion_would_change_travel_as_stored(tmp_path: Path) -> None
     ]
 
 
+def test_a_real_beyond_64_bits_in_an_integer_column_is_captured_as_a_real(
+    tmp_path: Path,
+) -> None:
+    """INTEGER affinity keeps a REAL it cannot store as a 64-bit integer: the capture
+    carried it as that integer and failed on every poll ("Value out of range")."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute("CREATE TABLE t(id INTEGER PRIMARY KEY, n INTEGER)")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    src.execute("INSERT INTO t VALUES (1, 1e300), (2, 9.3e18), (3, 4.0)")
+    entry, _ = cap.build_entry("p", cap.read(0), 0, cap.installed()["p"])
+    assert entry is not None
+    assert _rows(entry) == [
+        ("ROW_OP_INSERT", [], [1, 1e300]),
+        ("ROW_OP_INSERT", [], [2, 9.3e18]),
+        ("ROW_OP_INSERT", [], [3, 4]),
+    ]
+    assert [op.row.row[1].WhichOneof("kind") for op in entry.ops[1:]] == ["float", "float", "int"]
+
+
 def test_rows_before_installation_and_other_publications_are_excluded(tmp_path: Path) -> None:
     """A publication gets only its own snapshot and changes after its installation."""
     src = _source(tmp_path)
