@@ -36,8 +36,8 @@ from common.calls import parse_call
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.sqlite.constraints import published
-from publisher.capture.sqlite.images import decode_image, image_values_at
-from publisher.capture.sqlite.wire import row_op
+from publisher.capture.sqlite.images import image_values_at
+from publisher.capture.sqlite.wire import image_wire, row_op
 from publisher.errors import RowTooLarge, key_text
 
 __all__ = ["CapturedRow", "EntryBuilder", "Shape"]
@@ -159,8 +159,8 @@ class EntryBuilder:
             op = row_op(  # wire.py: the bytes pb.Value objects would serialize to
                 wire_name,
                 _OPS[r.op],
-                None if r.k is None else zip(decode_image(r.k), shape.key_types, strict=False),
-                None if r.v is None else zip(decode_image(r.v), shape.types, strict=False),
+                None if r.k is None else image_wire(r.k, shape.key_types),
+                None if r.v is None else image_wire(r.v, shape.types),
             )
             room(op, shape.key_idx)
         if entry.ops:

@@ -5,13 +5,18 @@ generator, the objects as the oracle."""
 
 from __future__ import annotations
 
+import datetime as dt
 import random
+import sqlite3
+from pathlib import Path
 
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.sqlite import SqliteCapture
 from publisher.capture.sqlite.exact import encode_stored
-from publisher.capture.sqlite.wire import row_op, value_bytes
+from publisher.capture.sqlite.images import decode_image
+from publisher.capture.sqlite.wire import image_wire, row_op, value_bytes
 
 TYPES = [t for t in pb.ColumnType.values() if t != pb.COLUMN_TYPE_UNSPECIFIED] + [
     pb.COLUMN_TYPE_UNSPECIFIED
@@ -22,12 +27,28 @@ EDGES: list[object] = [
     2**63 - 1, -(2**63), True, False, 0.0, -0.0, 1.5, -2.25, 1e300, -1e-300,
     float("inf"), float("-inf"), 5e-324, "", "a", "é", "x" * 200, "\x00nul",
     "bad \udcff utf-8", "2024-02-29", "2024-02-29T12:34:56", "2024-02-29T12:34:56+02:00",
-    "12:34:56", "12.30", "1e5", "true", "[1, 2]", '{"a": 1}', b"", b"\x00\xff", b"x" * 300,
+    "12:34:56", "12.30", "1e5", "1970-01-01T00:00:00+00:00", "1969-12-31T23:00:00-01:00",
+    "2024-02-29T12:34:56.123456-05:30", "0001-01-01T00:00:00+14:00", "2024-02-29T12:34:56Z",
+    "9999-12-31T23:59:59.999999-12:00", "2024-02-29T12:34:56+05:30:15", 12.345, 0.1, 1e20,
+    2.5e-7, 99999999999.99, -0.005,
+    "true", "[1, 2]", '{"a": 1}', b"", b"\x00\xff", b"x" * 300,
 ]  # fmt: skip
 
 
+def _random_instant(rng: random.Random) -> str:
+    """ISO text of a random aware (sometimes naive) time, as applications write it."""
+    zone = dt.timezone(dt.timedelta(minutes=rng.randrange(-14 * 60, 14 * 60 + 1, 15)))
+    at = dt.datetime(1, 1, 2, tzinfo=dt.UTC) + dt.timedelta(
+        microseconds=rng.randrange(0, 315_000_000_000_000_000)
+    )
+    local = at.astimezone(zone).replace(microsecond=rng.choice([0, at.microsecond]))
+    return local.isoformat() if rng.random() < 0.9 else local.replace(tzinfo=None).isoformat()
+
+
 def _random_value(rng: random.Random) -> object:
-    kind = rng.randrange(6)
+    kind = rng.randrange(7)
+    if kind == 5:
+        return _random_instant(rng)
     if kind == 0:
         return rng.randrange(-(2**63), 2**63)
     if kind == 1:
@@ -71,8 +92,53 @@ def test_a_row_op_equals_the_op_built_from_objects() -> None:
         got = row_op(
             table.encode(),
             int(op),
-            zip(key, types, strict=False) if has_key else None,
-            zip(row, types, strict=False) if has_row else None,
+            [value_bytes(v, *ts) for v, ts in zip(key, types, strict=False)] if has_key else None,
+            [value_bytes(v, *ts) for v, ts in zip(row, types, strict=False)] if has_row else None,
         )
         assert got == want
         assert got.SerializeToString() == want.SerializeToString()
+
+
+# One column per declared type the capture maps (publisher/capture/sqlite/mapping.py),
+# and one without a declared type; any value goes into any of them (SQLite's affinity).
+DECLARED = [
+    "INTEGER", "BIGINT", "REAL", "DOUBLE", "DECIMAL(12,2)", "NUMERIC", "TEXT", "VARCHAR(5)",
+    "BLOB", "BOOLEAN", "DATE", "TIME", "TIMESTAMP", "TIMESTAMPTZ", "JSON", "",
+]  # fmt: skip
+
+
+def test_images_captured_by_sqlite_become_the_same_bytes(tmp_path: Path) -> None:
+    """Real row images written by the capture triggers: ``image_wire`` gives what
+    reading them (images.py) and encoding each value (exact.py) gives."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    cols = ", ".join(f"c{i} {d}" for i, d in enumerate(DECLARED))
+    src.execute(f"CREATE TABLE t(id INTEGER PRIMARY KEY, {cols})")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    rng = random.Random(11)
+    for i in range(400):
+        values = [_random_value(rng) for _ in DECLARED]
+        marks: list[str] = []
+        params: list[object] = []
+        for v in values:
+            if isinstance(v, str) and not v.isascii() and "\udcff" in v:  # TEXT, not UTF-8
+                marks.append("CAST(? AS TEXT)")
+                params.append(v.encode("utf-8", "surrogateescape"))
+            else:
+                marks.append("?")
+                params.append(v)
+        src.execute(f"INSERT INTO t VALUES (?, {', '.join(marks)})", [i, *params])
+    src.execute("UPDATE t SET c0 = c0 WHERE id % 3 = 0")  # updates carry a key image
+    src.execute("DELETE FROM t WHERE id % 7 = 0")
+    shape = cap._shape(None, "t")
+    rows = [r for r in cap.read(0) if r.op in ("I", "U", "D")]
+    assert len(rows) > 500
+    for r in rows:
+        for image, types in ((r.k, shape.key_types), (r.v, shape.types)):
+            if image is None:
+                continue
+            want = [
+                encode_stored(x, *ts).SerializeToString()
+                for x, ts in zip(decode_image(image), types, strict=False)
+            ]
+            assert image_wire(image, types) == want, r
