@@ -38,7 +38,11 @@ follows the last group end of a gathered batch is carried over to the next
 (``_carry``, taken first).  A group larger than the limits on its own is
 handed out in pieces within the limits, each but its last marked *open*: the
 apply writes them into one target transaction held open until the group's
-last fragment (``subscriber/apply/_pieces.py``).  The fragments of an aborted
+last fragment (``subscriber/apply/_pieces.py``).  So is a group still arriving
+once :data:`PIECE_BYTES` of it wait and nothing more is queued: the apply works
+on its fragments while the publisher builds the next ones, instead of starting
+when the last one is in (a SQLite backlog of 235,000 W1 rows is one group of 13
+fragments built over about 5 s).  The fragments of an aborted
 group become empty entries (rule S2); when the group was being handed out in
 pieces, the batch closing it starts again at the group's first seq, all empty,
 so the apply drops what it held and moves the level past the group.
@@ -61,7 +65,13 @@ from subscriber.config import BatchConfig
 from subscriber.errors import Interrupted
 from subscriber.state import SubscriptionState
 
-__all__ = ["Batcher", "Received"]
+__all__ = ["PIECE_BYTES", "Batcher", "Received"]
+
+# A group still arriving is handed out in pieces of at least this many bytes when
+# nothing more is queued, rather than waiting for its last fragment: a backlog
+# captured from SQLite as one group (several transactions read in chunks,
+# publisher/capture/sqlite/source.py) is applied while the publisher still builds it.
+PIECE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -195,6 +205,8 @@ class Batcher:
             size += nxt.size
         cut = _group_cut(payloads)
         while cut == 0 and len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
+            if size >= PIECE_BYTES and queue.empty():
+                break  # a group still arriving: apply what is here while the rest comes
             # The first group is not all here yet: wait for more, up to the limits.
             more = await queue.get()
             if more is None:
@@ -205,8 +217,8 @@ class Batcher:
             size += more.size
             cut = _group_cut(payloads)
         if cut == 0:
-            # The group alone is over the limits: this piece is applied inside the
-            # group's open target transaction (subscriber/apply/_pieces.py).
+            # The group alone is over the limits, or still arriving: this piece is applied
+            # inside the group's open target transaction (subscriber/apply/_pieces.py).
             if self._group_start is None:
                 self._group_start = first_seq
             return first_seq, payloads, size, True

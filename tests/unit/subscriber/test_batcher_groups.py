@@ -85,3 +85,50 @@ def test_an_aborted_group_in_pieces_starts_again_empty_from_its_start() -> None:
     assert (first, hold) == (1, False)
     assert payloads[:7] == [b""] * 7
     assert _tags(payloads[7:]) == ["y0"]
+
+
+def _arriving(fragment_bytes: int) -> list[Got]:
+    """A group of 3 fragments of about ``fragment_bytes`` each, arriving one at a time
+    while the apply is idle (as a backlog's group comes while the publisher builds it)."""
+
+    async def main() -> list[Got]:
+        batcher = Batcher(BatchConfig(), SubscriptionState("s", 0, "inc"), asyncio.Event())
+        got: list[Got] = []
+
+        async def apply() -> None:
+            while not got or got[-1][3]:  # until a batch closes the group
+                batch = await batcher.gather()
+                assert batch is not None
+                got.append(batch)
+
+        consumer = asyncio.ensure_future(apply())
+        for i in range(3):
+            e = pb.Entry(
+                source_position=f"g{i}", continued=i < 2, fragment=i,
+                ops=[pb.Op(sql=pb.SqlStatement(sql="x" * fragment_bytes))],
+            ).SerializeToString()  # fmt: skip
+            assert await batcher.put(i + 1, [e], 3, consumer)
+            await asyncio.sleep(0.05)  # the next fragment is still being built
+        await asyncio.wait_for(consumer, 5)
+        return got
+
+    return asyncio.run(main())
+
+
+def test_a_large_group_still_arriving_is_applied_in_pieces_as_it_comes() -> None:
+    """Fragments of 1.5 MiB: each is handed out (open) while the next is on its way,
+    instead of the whole group after its last fragment."""
+    got = _arriving(1536 * 1024)
+    assert [(first, _tags(p), hold) for first, p, _, hold in got] == [
+        (1, ["g0"], True),
+        (2, ["g1"], True),
+        (3, ["g2"], False),
+    ]
+
+
+def test_a_small_group_still_arriving_is_applied_whole() -> None:
+    """Fragments of 100 KiB (below PIECE_BYTES): one batch once the group is complete."""
+    got = _arriving(100 * 1024)
+    assert [(first, _tags(p), hold) for first, p, _, hold in got] == [
+        (1, ["g0", "g1", "g2"], False)
+    ]
