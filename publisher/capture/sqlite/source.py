@@ -48,6 +48,7 @@ from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
 from publisher.capture.sqlite.exact import stored_writer
+from publisher.capture.sqlite.release import Releaser
 from publisher.capture.sqlite.wake import Pace, Watch
 from publisher.capture.values import rows_chunk, value_writer
 from publisher.errors import RowTooLarge, SourceError
@@ -88,6 +89,7 @@ class SqliteSource:
         self.cut = False  # the last step stopped where the origin changes: rows wait
         self.health = CaptureHealth()  # the streaming loop and the capture's lock waits
         self.capture = SqliteCapture(path, health=self.health)
+        self.releaser = Releaser(path, self.health)  # deletes logged rows off the loop
         self.poll_interval_s = poll_interval_s
         self.max_entry_bytes = max_entry_bytes
         # Publications whose capture stopped on a row it cannot carry (kept until a
@@ -121,6 +123,7 @@ class SqliteSource:
         return [format_table(None, t) for t in added]
 
     def release(self) -> None:
+        self.releaser.close()
         self.capture.close()
 
     # -- streaming ---------------------------------------------------------------
@@ -278,11 +281,12 @@ class SqliteSource:
         ends[pub.name] = last
 
     def _release(self) -> None:
-        """Delete logged capture rows if a second has passed or many wait."""
+        """Release logged capture rows if a second has passed or many wait (release.py:
+        deleted by a thread of its own, the loop goes on)."""
         assert self.pubs is not None
         now = time.monotonic()
         if self._unreleased >= RELEASE_ROWS or now - self._released_at >= RELEASE_EVERY_S:
-            self.capture.release(min(p.position for p in self.pubs))
+            self.releaser.request(min(p.position for p in self.pubs))
             self._unreleased = 0
             self._released_at = now
 
