@@ -142,11 +142,17 @@ def few_rows_step(
     times = commit_times().to_pylist() if commit_times is not None else None
 
     def survivors(rows: list[list[int]]) -> pa.Table:
-        out = events.take(pa.array([last for last, _ in rows], pa.int64()))
+        at = [last for last, _ in rows]
+        if not at:
+            out = events.slice(0, 0)
+        elif at == list(range(events.num_rows)):  # every event, in order
+            out = events
+        else:
+            out = events.take(pa.array(at, pa.int64()))
         out = out.append_column("_born", pa.array([ops[f] == _INSERT for _, f in rows], pa.bool_()))
         if times is not None:
-            at = [times[seqs[last] - first_seq] for last, _ in rows]
-            out = out.append_column("_commit_us", pa.array(at, pa.int64()))
+            us = [times[seqs[last] - first_seq] for last, _ in rows]
+            out = out.append_column("_commit_us", pa.array(us, pa.int64()))
         return out
 
     return RowsStep(schema, survivors(gone), survivors(fresh + rest), fresh=len(fresh))
