@@ -46,7 +46,7 @@ from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import EventBuffer
 from subscriber.apply._small import groupable
 from subscriber.apply._wire import SEntry
-from subscriber.apply.entry import AnyEntry, RawEntry
+from subscriber.apply.entry import AnyEntry
 from subscriber.apply.writer import RowsStep
 
 __all__ = ["FEW_BYTES", "FEW_OPS", "few_entries", "few_rows_step"]
@@ -65,26 +65,31 @@ class _NaN:
 _NAN = _NaN()
 
 
-def _size(entry: AnyEntry | Any) -> int:
-    if isinstance(entry, RawEntry):
-        return len(entry.payload)
-    if isinstance(entry, pb.Entry):
-        return entry.ByteSize()
-    return len(entry.SerializeToString())
-
-
 def few_entries(entries: Sequence[AnyEntry]) -> list[Any] | None:
-    """The batch's shadow entries when it is small enough to walk op by op, else None."""
+    """The batch's shadow entries when it is small enough to walk op by op, else None.
+
+    Parsed entries are measured without a parse (their ops counted, their size
+    computed); serialized ones by their length, then parsed one by one until the
+    ops counted pass :data:`FEW_OPS`: a larger batch pays at most that much parsing.
+    """
     if len(entries) > FEW_OPS:
         return None
-    size = 0
+    size = ops = 0
     for entry in entries:
-        size += _size(entry)
-        if size > FEW_BYTES:
+        if isinstance(entry, pb.Entry):
+            ops += len(entry.ops)
+            size += entry.ByteSize()
+        else:
+            size += len(entry.SerializeToString())
+        if size > FEW_BYTES or ops > FEW_OPS:
             return None
-    shadows = [SEntry.FromString(e.SerializeToString()) for e in entries]
-    if sum(len(s.ops) for s in shadows) > FEW_OPS:
-        return None
+    shadows = []
+    ops = 0
+    for entry in entries:
+        shadows.append(SEntry.FromString(entry.SerializeToString()))
+        ops += len(shadows[-1].ops)
+        if ops > FEW_OPS:
+            return None
     return shadows
 
 
