@@ -16,7 +16,7 @@ per-cell conversions below define the semantics (a decimal sent as an int, JSON
 sent as text, a value of the wrong kind: a variant column), and
 ``tests/unit/subscriber/test_apply_wire.py`` checks the fast paths against them.
 numpy's fixed cost per column (about 50-100 us, 0.4 ms for TIMESTAMPTZ text) is
-more than the per-cell path's below a few dozen cells: a table's events
+more than the per-cell path's below about a hundred cells: a table's events
 numbering at most :data:`FEW_EVENTS` are parsed cell by cell, TIMESTAMPTZ text
 formatted by ``datetime.isoformat`` (the reference), and never by numpy.
 
