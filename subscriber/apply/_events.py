@@ -15,6 +15,10 @@ when the kinds allow, TIMESTAMPTZ text formatted by Arrow) or per cell; the
 per-cell conversions below define the semantics (a decimal sent as an int, JSON
 sent as text, a value of the wrong kind: a variant column), and
 ``tests/unit/subscriber/test_apply_wire.py`` checks the fast paths against them.
+numpy's fixed cost per column (about 50-100 us, 0.4 ms for TIMESTAMPTZ text) is
+more than the per-cell path's below about a hundred cells: a table's events
+numbering at most :data:`FEW_EVENTS` are parsed cell by cell, TIMESTAMPTZ text
+formatted by ``datetime.isoformat`` (the reference), and never by numpy.
 
 Net effect of plain tables (:func:`net_effect_positions`): Spark receives only the
 key columns and ``_pos`` of every segment of the batch, in ONE DataFrame (``_s``
@@ -52,6 +56,8 @@ T = pb.ColumnType
 __all__ = ["EventBuffer", "WireEvents", "net_effect", "net_effect_df", "net_effect_positions"]
 
 _WHICH = methodcaller("WhichOneof", "kind")
+# At most this many events: cells parsed one by one (the per-cell path), not by numpy.
+FEW_EVENTS = 128
 _NULLS = frozenset((None, "null"))
 
 
@@ -200,6 +206,10 @@ _FIELD: dict[int, str] = {
     T.COLUMN_TYPE_TIMESTAMP: "timestamp_us",
 }
 
+# Plain ints: a protobuf enum's attribute costs ~1 us a read (per column of a batch).
+_DATE = int(T.COLUMN_TYPE_DATE)
+_TSTZ = int(T.COLUMN_TYPE_TIMESTAMPTZ)
+
 # Local times Arrow formats exactly as datetime.isoformat (four-digit years).
 _LOW_US = -30_610_224_000_000_000  # 1000-01-01T00:00
 _HIGH_US = 253_402_300_799_999_999  # 9999-12-31T23:59:59.999999
@@ -269,8 +279,9 @@ def _fast_column(ctype: int, cells: list[pb.Value]) -> pa.Array | None:
     """The typed Arrow column when every cell has the column's own kind or is NULL."""
     kinds = list(map(_WHICH, cells))
     present = set(kinds)
-    if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
-        return _timestamptz_column(cells) if present == {"timestamptz"} else None
+    if ctype == _TSTZ:  # few: per cell, Arrow's set-up costs more
+        few = len(cells) <= FEW_EVENTS
+        return _timestamptz_column(cells) if present == {"timestamptz"} and not few else None
     fld = _FIELD.get(ctype)
     if fld is None:
         return None
@@ -282,7 +293,7 @@ def _fast_column(ctype: int, cells: list[pb.Value]) -> pa.Array | None:
     else:
         return None
     arr = pa.array(data, type=_TYPED[ctype][1])
-    if ctype == T.COLUMN_TYPE_DATE:
+    if ctype == _DATE:
         arr = arr.cast(pa.date32())
     return arr
 
@@ -295,7 +306,7 @@ def _column(index: int, column: pb.Column, cells: list[pb.Value]) -> tuple[str, 
     try:
         data = [None if c is None else conv(c) for c in cells]
         arr = pa.array(data, type=atype)
-        if column.type == T.COLUMN_TYPE_DATE:
+        if column.type == _DATE:
             arr = arr.cast(pa.date32())
         return f"c{index}", arr
     except _Mismatch:
@@ -311,7 +322,7 @@ def _wire_column(
     got = decode_column(column.type, cells)
     if got is not None:
         arr, valid = got
-        if column.type != T.COLUMN_TYPE_TIMESTAMPTZ:
+        if column.type != _TSTZ:
             return f"c{index}", arr
         text = tz_text(arr.field(0).to_numpy(), arr.field(1).to_numpy())
         if text is not None:
@@ -379,6 +390,15 @@ class EventBuffer:
         self.cells.extend(row)
         self.ops.append(op)
 
+    @property
+    def n_events(self) -> int:
+        return len(self.seqs) if self.wire is None else int(self.wire.positions.size)
+
+    @property
+    def few(self) -> bool:
+        """Built by :meth:`add`, at most :data:`FEW_EVENTS` events: decoded cell by cell."""
+        return self.wire is None and len(self.seqs) <= FEW_EVENTS
+
     def position_array(self) -> np.ndarray:
         """The events' ``_pos``, increasing, as int64."""
         if self.wire is not None:
@@ -391,6 +411,10 @@ class EventBuffer:
         if got is None:
             col = self.schema.columns[i]
             w = self.wire
+            if self.few:
+                values = list(map(pb.Value.FromString, self.cells[i :: self.width]))
+                got = self._columns[i] = _column(i, col, values)
+                return got
             cells = (
                 self.cells[i :: self.width]
                 if w is None

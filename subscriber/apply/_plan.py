@@ -6,7 +6,9 @@ that reads a batch and never writes: the numpy walk (``_walk.py``) with the
 Python walk as its reference (:meth:`Planning._plan_python`), barriers one by
 one, each segment's events per table (``_events.py``), one Spark job for the net
 effect of the plain tables (or the driver's group-by for a small batch,
-``_small.py``), the transforms and history versions (``_shape.py``).  All of it
+``_small.py``), the transforms and history versions (``_shape.py``).  A batch of
+a few ops, and a plain table's few events, are planned in plain Python
+(``_few.py``: the in-sync case, whose cost must follow its size).  All of it
 runs inside :func:`~subscriber.apply._spark.spark_errors`, the Spark boundary.
 """
 
@@ -27,6 +29,7 @@ from subscriber.apply._events import (
     net_effect_df,
     net_effect_positions,
 )
+from subscriber.apply._few import few_entries, few_rows_step
 from subscriber.apply._shape import history_versions, shaped_rows, target_schema
 from subscriber.apply._small import net_effect_positions_local, supported
 from subscriber.apply._spark import spark_errors
@@ -84,9 +87,13 @@ class Planning:
 
         The ops are read from the serialized entries with numpy (``_walk.py``);
         a batch it does not read, or whose row changes do not fit their schemas
-        (an error), takes the Python walk, :meth:`_plan_python`, the reference.
+        (an error), takes the Python walk, :meth:`_plan_python`, the reference,
+        and so does a batch of a few ops (``_few.py``).
         """
         with spark_errors():  # the Spark boundary: py4j / pyspark errors translated
+            shadows = few_entries(entries)
+            if shadows is not None:
+                return self._plan_python(first_seq, entries, schemas, shadows)
             walked = walk(entries)
             if walked is not None:
                 saved = dict(schemas)
@@ -133,14 +140,19 @@ class Planning:
         return plan.finish(), int(walked.rows.size)
 
     def _plan_python(
-        self, first_seq: int, entries: Sequence[AnyEntry], schemas: dict[str, pb.TableSchema]
+        self,
+        first_seq: int,
+        entries: Sequence[AnyEntry],
+        schemas: dict[str, pb.TableSchema],
+        shadows: Sequence[Any] | None = None,
     ) -> tuple[list[Step], int]:
-        """The batch's steps, walking its ops in Python (shadow entries, ``_wire.py``)."""
+        """The batch's steps, walking its ops in Python (shadow entries, ``_wire.py``;
+        ``shadows``: those of ``entries``, already parsed)."""
         plan = _Plan(self, first_seq, entries)
         pos = 0
         rows = 0
         # Row values stay serialized: they are decoded column-wise (_wire.py).
-        for i, entry in enumerate(map(shadow, entries)):
+        for i, entry in enumerate(map(shadow, entries) if shadows is None else shadows):
             seq = first_seq + i
             for op in entry.ops:
                 kind = op.WhichOneof("kind")
@@ -235,15 +247,20 @@ class Planning:
 
         Fewer events than ``options.spark_min_rows``, or a session whose JVM is not
         up yet (``lazy.spark_ready`` begins its start): no job, Arrow's group-by here
-        (Spark's fixed cost per job would bound the in-sync lag).  Otherwise the key
-        columns are decoded first and handed to Spark in a worker thread; this thread
-        decodes the other columns meanwhile, then takes the surviving events by
-        position.
+        (Spark's fixed cost per job would bound the in-sync lag), or, for a table's
+        few events, a dict (``_few.py``).  Otherwise the key columns are decoded first
+        and handed to Spark in a worker thread; this thread decodes the other columns
+        meanwhile, then takes the surviving events by position.
         """
-        keys = [buf.keys_table() for _, buf in plain]
-        events = sum(k.num_rows for k in keys)
         least = self.options.spark_min_rows
-        if supported(keys) and (events < least or (least and not spark_ready(self._spark))):
+        events = sum(buf.n_events for _, buf in plain)
+        local = events < least or bool(least and not spark_ready(self._spark))
+        if local:
+            plain = self._few_steps(steps, plain, first_seq, commit_times)
+            if not plain:
+                return
+        keys = [buf.keys_table() for _, buf in plain]
+        if local and supported(keys):
             # A small batch: the same grouping in this process (``_small.py``).
             winners = net_effect_positions_local(keys)
             tables = [buf.to_arrow() for _, buf in plain]
@@ -278,6 +295,25 @@ class Planning:
                 survivors.take(pa.array(np.concatenate([fresh, rest]), pa.int64())),
                 fresh=len(fresh),
             )
+
+    def _few_steps(
+        self,
+        steps: list[Step | None],
+        plain: list[tuple[int, EventBuffer]],
+        first_seq: int,
+        commit_times: Callable[[], pa.Array],
+    ) -> list[tuple[int, EventBuffer]]:
+        """The steps of the plain tables of few events (``_few.py``); the others returned."""
+        times = commit_times if self.options.commit_times else None
+        left = []
+        for n, buf in plain:
+            shaped = self._shape(buf.schema, first_seq)  # a renamed target table
+            step = few_rows_step(buf, shaped[0] if shaped else buf.schema, first_seq, times)
+            if step is None:
+                left.append((n, buf))
+            else:
+                steps[n] = step
+        return left
 
     def _unknown(self, table: str, seq: int) -> SchemaError:
         return SchemaError(

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["net_effect_positions_local", "supported"]
+__all__ = ["groupable", "net_effect_positions_local", "supported"]
 
 
 def _normal(col: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
@@ -57,9 +57,9 @@ def _flat(keys: pa.Table) -> pa.Table:
     return pa.Table.from_arrays(arrays, names=names)
 
 
-def _groupable(t: pa.DataType) -> bool:
+def groupable(t: pa.DataType) -> bool:
     if pa.types.is_struct(t):
-        return all(_groupable(f.type) for f in t)
+        return all(groupable(f.type) for f in t)
     return bool(
         pa.types.is_integer(t)
         or pa.types.is_floating(t)
@@ -75,7 +75,7 @@ def _groupable(t: pa.DataType) -> bool:
 
 def supported(segments: Sequence[pa.Table]) -> bool:
     """True when every key column of ``segments`` can be grouped here."""
-    return all(bool(_groupable(t)) for keys in segments for t in keys.schema.types[1:])
+    return all(bool(groupable(t)) for keys in segments for t in keys.schema.types[1:])
 
 
 def net_effect_positions_local(

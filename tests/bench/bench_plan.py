@@ -1,8 +1,10 @@
 """Measure the apply's planning of small W1 batches: ``python -m tests.bench.bench_plan``.
 
 Not a test.  ``Applier.plan`` (walk, decode, net effect in the driver: no Spark job
-below ``spark_min_rows``) of consecutive 1- and 20-entry W1 batches, 200 of each,
-against a SQLite target in a temp dir (nothing is written).  Prints the median wall
+below ``spark_min_rows``) of consecutive 1- and 20-entry W1 batches, 200 of each
+(``--sizes 1,20,100,400``: other sizes; from about 100 entries a batch takes the
+vectorized path, ``subscriber/apply/_few.py``), against a SQLite target in a temp
+dir (nothing is written).  Prints the median wall
 time and the process CPU time per plan: on a shared machine the CPU time is the
 steadier figure.  ``--profile`` prints the top of a ``cProfile`` by internal time.
 """
@@ -32,6 +34,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--plans", type=int, default=200)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--sizes", default="1,20", help="entries per batch, comma-separated")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         writer = SqliteWriter(Path(tmp) / "plan.db")
@@ -41,14 +44,15 @@ def main() -> None:
         for s, src in zip(schemas, W1_SCHEMAS, strict=True):
             s.CopyFrom(src)
             s.table = "w1_" + src.table
-        stream = w1_entries(3000, prefix="w1_")
+        sizes = [int(n) for n in args.sizes.split(",")]
+        stream = w1_entries(max(3000, 3 * max(sizes)), prefix="w1_")
         ops = [pb.Op(schema=s) for s in schemas]
         level = applier.apply(1, [pb.Entry(ops=ops)], incarnation="b").level
-        for size in (1, 20):
+        for size in sizes:
             at = 1
             for _ in range(20):  # warm up
                 applier.plan(level + 1, stream[at : at + size])
-                at += size
+                at = at + size if at + 2 * size < len(stream) else 1
             profile = cProfile.Profile()
             times = []
             cpu0 = time.process_time()
@@ -63,7 +67,7 @@ def main() -> None:
                 at = at + size if at + 2 * size < len(stream) else 1
             cpu = (time.process_time() - cpu0) / args.plans
             print(
-                f"plan of {size:>2} W1 entries: median {statistics.median(times) * 1e3:.2f} ms,"
+                f"plan of {size:>3} W1 entries: median {statistics.median(times) * 1e3:.2f} ms,"
                 f" CPU {cpu * 1e3:.2f} ms"
             )
             if args.profile:

@@ -176,24 +176,46 @@ def sqlite_value(v: object) -> object:
     raise TypeError(f"no SQLite form for {type(v).__name__}")
 
 
-def _column_values(table: pa.Table, index: int, column: pb.Column) -> list[object]:
-    col, variant = column_of(table, index)
-    t = column.type
-    if not variant and t == T.COLUMN_TYPE_FLOAT:
-        return [None if v is None else _real(v) for v in col.to_pylist()]
-    if not variant and t == T.COLUMN_TYPE_DECIMAL:
-        return [None if v is None else _decimal(v) for v in col.to_pylist()]
-    if not variant and t in (
+# Plain ints, read once: a protobuf enum's attribute costs ~1 us a read, and these
+# are read per column of every batch.
+_FLOAT = int(T.COLUMN_TYPE_FLOAT)
+_DECIMAL = int(T.COLUMN_TYPE_DECIMAL)
+_BOOLEAN = int(T.COLUMN_TYPE_BOOLEAN)
+# Already in stored form (timestamptz travels as ISO text).
+_AS_IS = frozenset(
+    int(t)
+    for t in (
         T.COLUMN_TYPE_INTEGER,
         T.COLUMN_TYPE_TEXT,
         T.COLUMN_TYPE_JSON,
         T.COLUMN_TYPE_BYTES,
         T.COLUMN_TYPE_TIMESTAMPTZ,
-    ):
-        # Already in stored form (timestamptz travels as ISO text).
+    )
+)
+
+
+def _column_values(
+    table: pa.Table, index: int, column: pb.Column, names: frozenset[str] | None = None
+) -> list[object]:
+    """Column ``index`` of an apply table as bound (``names``: the table's column
+    names, when the caller reads several columns of it)."""
+    if names is None:
+        col, variant = column_of(table, index)
+    elif f"c{index}" in names:
+        col, variant = table.column(f"c{index}"), False
+    else:
+        col, variant = table.column(f"v{index}"), True
+    t = column.type
+    if variant:
+        return [sqlite_value(v) for v in python_values(col, column, variant)]
+    if t in _AS_IS:
         out: list[object] = col.to_pylist()
         return out
-    if not variant and t == T.COLUMN_TYPE_BOOLEAN:
+    if t == _FLOAT:
+        return [None if v is None else _real(v) for v in col.to_pylist()]
+    if t == _DECIMAL:
+        return [None if v is None else _decimal(v) for v in col.to_pylist()]
+    if t == _BOOLEAN:
         return [None if b is None else int(b) for b in col.to_pylist()]
     return [sqlite_value(v) for v in python_values(col, column, variant)]
 
@@ -450,8 +472,9 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
         written = 0
         if step.deletes.num_rows:
             key_idx = [names.index(k) for k in schema.primary_key]
+            have = frozenset(step.deletes.column_names)
             marks, cols = placed_params(
-                [_column_values(step.deletes, i, schema.columns[i]) for i in key_idx]
+                [_column_values(step.deletes, i, schema.columns[i], have) for i in key_idx]
             )
             where = " AND ".join(
                 f"{quote(names[i])} IS {m}" for i, m in zip(key_idx, marks, strict=True)
@@ -459,8 +482,9 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
             self._conn.executemany(f"DELETE FROM {table} WHERE {where}", _rows_of(cols))
             written += step.deletes.num_rows
         if step.upserts.num_rows:
+            have = frozenset(step.upserts.column_names)
             placed, cols = placed_params(
-                [_column_values(step.upserts, i, c) for i, c in enumerate(schema.columns)]
+                [_column_values(step.upserts, i, c, have) for i, c in enumerate(schema.columns)]
             )
             collist = ", ".join(quote(n) for n in names)
             row = ", ".join(placed)
