@@ -152,9 +152,9 @@ class Pace:
     """When the capture loop checks ``data_version`` next (the module docstring).
 
     Busy (the last check found a commit): the next check comes :data:`BUSY_STEP_S`
-    later (at most ``poll_s``), whatever is written meanwhile: the commits of that
-    time make one step, as with polling.  Idle (it found none): a write event makes
-    the check due at once; after each check the next is set :data:`HOT_STEP_S`
+    after the last one began (at most ``poll_s``), whatever is written meanwhile:
+    the commits of that time make one step, as with polling.  Idle (it found none):
+    a write event makes the check due at once; after each check the next is set :data:`HOT_STEP_S`
     later while less than :data:`HOT_S` has passed since the last event, else as
     long after as has passed since it, never more than ``poll_s`` (the fallback).
     Without a watch: every ``poll_s``.
@@ -166,6 +166,7 @@ class Pace:
         self._written = -1e9  # monotonic time of the last write event
         self.written_at = 0.0  # its wall-clock time (the ``poll`` stage's start)
         self._next = time.monotonic()  # of the next check, when idle
+        self._checked = self._next  # when the last check began (the busy step's start)
 
     def wait(self, halt: threading.Event, busy: bool) -> bool:
         """Wait; True: check now.  False: not due yet, woke to let the caller see ``halt``.
@@ -180,7 +181,11 @@ class Pace:
             # daemon's other threads the GIL as often and made every stage slower
             # (docs/performance.md): pace like the polling capture while commits come.
             # The events of these writes stay queued: the first idle wait reads them.
-            halt.wait(min(BUSY_STEP_S, self.poll_s))
+            # The step is counted from the last check's start: the check's own work
+            # (read, build, the log's fsync) is part of it, not added to it.
+            step = min(BUSY_STEP_S, self.poll_s)
+            halt.wait(max(0.0, self._checked + step - time.monotonic()))
+            self._checked = time.monotonic()
             return True
         timeout = min(max(0.0, self._next - time.monotonic()), HALT_CHECK_S)
         written = self.watch.wait(timeout)
@@ -191,4 +196,5 @@ class Pace:
             return False
         since = now - self._written
         self._next = now + min(HOT_STEP_S if since < HOT_S else since, self.poll_s)
+        self._checked = now
         return True
