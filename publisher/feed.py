@@ -68,6 +68,7 @@ from common.feedstatus import (
 )
 from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
+from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
 from publisher.log import PurgedError
 from publisher.publication import Publication
@@ -174,7 +175,8 @@ class FeedManager:
                 context.set_trailing_metadata(refusal_metadata(refused.kind))
             return
         self.feeds.add(feed)
-        acks = asyncio.create_task(self._read_acks(feed, requests))
+        recorder = AckRecorder(self.registry, feed.publication.name, feed.subscriber, feed.acked)
+        acks = asyncio.create_task(self._read_acks(feed, requests, recorder))
         try:
             cut = await self._stream(feed, context)
             reason = cut.reason if cut else ""
@@ -186,6 +188,7 @@ class FeedManager:
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
+            await recorder.close()  # the last level acknowledged, before "disconnected"
             await asyncio.to_thread(
                 self.registry.set_state,
                 feed.publication.name,
@@ -335,7 +338,10 @@ class FeedManager:
             return None
 
     async def _read_acks(
-        self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage | Malformed]
+        self,
+        feed: Feed,
+        requests: AsyncIterator[pb.SubscriberMessage | Malformed],
+        recorder: AckRecorder,
     ) -> None:
         pub = feed.publication
         async for msg in requests:
@@ -357,7 +363,7 @@ class FeedManager:
                     )
                     continue
                 feed.acknowledge(level)
-                await asyncio.to_thread(self.registry.ack, pub.name, feed.subscriber, level)
+                recorder.ack(level)  # to the registry behind the acks (publisher/acks.py)
 
     async def _send(
         self,
