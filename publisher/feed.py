@@ -134,6 +134,7 @@ class FeedManager:
         self.authorize = authorize
         self.feeds: set[Feed] = set()
         self.stopping = asyncio.Event()
+        self._stop: asyncio.Future[Any] | None = None  # see _stopped()
 
     # -- the RPC --------------------------------------------------------------------
 
@@ -373,7 +374,9 @@ class FeedManager:
     ) -> bool:
         """Send one message; False when it blocked past the send timeout."""
         try:
-            await asyncio.wait_for(context.write(msg), feed.publication.config.send_timeout_s)
+            # asyncio.timeout, not wait_for: no task per message (issue 23, CPU per entry)
+            async with asyncio.timeout(feed.publication.config.send_timeout_s):
+                await context.write(msg)
         except TimeoutError:
             return False
         return True
@@ -486,14 +489,19 @@ class FeedManager:
     async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
         """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
         waiter = asyncio.ensure_future(plog.wait_for(seq, wait_s))  # type: ignore[attr-defined]
-        stop = asyncio.ensure_future(self.stopping.wait())
         try:
-            await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, self._stopped()}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.cancel()
             if not waiter.done():
                 waiter.cancel()
         return int(plog.head)  # type: ignore[attr-defined]
+
+    def _stopped(self) -> asyncio.Future[Any]:
+        """Done once ``stopping`` is set: one for every wait of every feed, rather than a
+        task made and cancelled per wait (per entry in sync)."""
+        if self._stop is None or self._stop.get_loop() is not asyncio.get_running_loop():
+            self._stop = asyncio.ensure_future(self.stopping.wait())
+        return self._stop
 
     def _cut(self, feed: Feed, kind: CutKind, reason: str) -> Cut:
         pub = feed.publication

@@ -24,10 +24,11 @@ __all__ = ["CpuMeter", "process_cpu_s", "py_spy"]
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` so far (None: not readable)."""
+def process_cpu_s(pid: int, where: str = "") -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (None: not readable);
+    ``where``: another ``/proc`` entry (a thread's: ``<pid>/task/<tid>``)."""
     try:
-        text = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{where or pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may hold spaces: the fields after it follow its ')'.
@@ -58,12 +59,28 @@ class CpuMeter:
         return out
 
 
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds so far of each thread of ``pid``, by ``<tid> <name>``."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        cpu = process_cpu_s(int(task.name), f"{pid}/task/{task.name}")
+        if cpu is not None:
+            out[f"{task.name} {name}"] = cpu
+    return out
+
+
 @contextlib.contextmanager
 def py_spy(binary: str | None, pid: int | None, out: Path) -> Iterator[None]:
-    """Record ``pid`` with py-spy (collapsed stacks into ``out``) while the block runs."""
+    """Record ``pid`` with py-spy (collapsed stacks into ``out``, with thread ids) while
+    the block runs, and each thread's CPU seconds (into ``out`` + ``.threads``)."""
     if not binary or pid is None:
         yield
         return
+    before = thread_cpu_s(pid)
     proc = subprocess.Popen(
         [
             binary,
@@ -77,6 +94,7 @@ def py_spy(binary: str | None, pid: int | None, out: Path) -> Iterator[None]:
             "--output",
             str(out),
             "--nonblocking",
+            "--threads",
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -84,6 +102,9 @@ def py_spy(binary: str | None, pid: int | None, out: Path) -> Iterator[None]:
     try:
         yield
     finally:
+        after = thread_cpu_s(pid)
+        lines = sorted(((v - before.get(k, 0.0), k) for k, v in after.items()), reverse=True)
+        Path(f"{out}.threads").write_text("".join(f"{v:8.3f} {k}\n" for v, k in lines))
         proc.send_signal(2)  # SIGINT: py-spy writes what it sampled and exits
         try:
             proc.wait(30)

@@ -100,6 +100,10 @@ async def test_acks_arriving_while_the_registry_is_busy_are_written_once(served:
     sub = await RawSubscriber(served.address, "s1").start()
     try:
         await asyncio.wait_for(sub.in_sync.wait(), 30)
+        # One entry first: the feed sends it only after the registry has its in-sync
+        # state, so nothing of the feed's own waits on the registry held below.
+        served.append(1, start=1000)
+        await sub.wait_level(served.pub.log.head)
         with served.registry._lock:  # a slow registry: its writes wait
             for i in range(100):  # one batch, so one ack, each
                 served.append(1, start=i)
