@@ -24,17 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.client import insert_op, schema_op
+from common.client import insert_op
 from common.rpc import txrepl_pb2 as pb
-from common.rpc import txrepl_pb2_grpc as rpc
-from common.serve import GrpcEndpoint
-from publisher.config import PublicationConfig
-from publisher.feed import FeedManager
-from publisher.log import open_log
-from publisher.publication import Publication
 from publisher.registry import Registry
-from publisher.service import ReplicationService
 from tests.support.feedclient import RawSubscriber
+from tests.support.feedserver import served_feeds
 
 __all__ = ["run"]
 
@@ -47,36 +41,24 @@ def _cpu_s() -> float:
 
 
 async def _measure(root: Path, n: int) -> dict[str, Any]:
-    pub = Publication(PublicationConfig(name="shop", tables=["notes"]), open_log(root / "log"))
-    pub.append(pb.Entry(ops=[schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])]))
-    registry = Registry(f"sqlite:///{root / 'registry.db'}")
-    feeds = FeedManager("pub1", {"shop": pub}, registry)
-    service = ReplicationService(feeds, {"shop": pub})
-    endpoint = GrpcEndpoint(
-        "127.0.0.1:0",
-        [lambda s: rpc.add_ReplicationServicer_to_server(service, s)],
-        ["txrepl.v1.Replication"],
-    )
-    await endpoint.start()
-    sub = await RawSubscriber(endpoint.address, "s1").start()
-    try:
-        await asyncio.wait_for(sub.in_sync.wait(), 60)
-        cpu = wall = 0.0
-        for i in range(WARM_UP + n):
-            if i == WARM_UP:
-                cpu, wall = _cpu_s(), time.perf_counter()
-            sub.acked.clear()
-            await asyncio.to_thread(pub.append, pb.Entry(ops=[insert_op("notes", [i, "x"])]))
-            while sub.level < pub.log.head:
-                await asyncio.wait_for(sub.acked.wait(), 60)
+    async with served_feeds(root, Registry) as served:
+        pub = served.pub
+        sub = await RawSubscriber(served.address, "s1").start()
+        try:
+            await asyncio.wait_for(sub.in_sync.wait(), 60)
+            cpu = wall = 0.0
+            for i in range(WARM_UP + n):
+                if i == WARM_UP:
+                    cpu, wall = _cpu_s(), time.perf_counter()
                 sub.acked.clear()
-        cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
-    finally:
-        await sub.close()
-        feeds.stopping.set()
-        await endpoint.stop(1.0)
-        registry.close()
-        pub.log.close()
+                entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
+                await asyncio.to_thread(pub.append, entry)
+                while sub.level < pub.log.head:
+                    await asyncio.wait_for(sub.acked.wait(), 60)
+                    sub.acked.clear()
+            cpu, wall = _cpu_s() - cpu, time.perf_counter() - wall
+        finally:
+            await sub.close()
     return {
         "bench": "feed_cpu",
         "entries": n,

@@ -8,22 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from common.client import insert_op, schema_op
+from common.client import insert_op
 from common.rpc import txrepl_pb2 as pb
-from common.rpc import txrepl_pb2_grpc as rpc
-from common.serve import GrpcEndpoint
-from publisher.config import PublicationConfig
-from publisher.feed import FeedManager
-from publisher.log import open_log
-from publisher.publication import Publication
 from publisher.registry import Registry
-from publisher.service import ReplicationService
 from tests.support.feedclient import RawSubscriber
+from tests.support.feedserver import ServedFeeds, served_feeds
 
 
 class CountingRegistry(Registry):
@@ -40,17 +33,7 @@ class CountingRegistry(Registry):
         super().ack(publication, subscriber, level, level_time)
 
 
-@dataclass
-class Served:
-    pub: Publication
-    registry: CountingRegistry
-    feeds: FeedManager
-    address: str
-
-    def acked(self, subscriber: str) -> int:
-        """The level the feed of ``subscriber`` last read an ack for (-1: no feed)."""
-        return next((f.acked for f in self.feeds.feeds if f.subscriber == subscriber), -1)
-
+class Served(ServedFeeds[CountingRegistry]):
     def append(self, n: int, start: int = 0) -> None:
         for i in range(start, start + n):
             self.pub.append(pb.Entry(ops=[insert_op("notes", [i, "x"])]))
@@ -59,27 +42,15 @@ class Served:
         row = self.registry.get("shop", subscriber)
         return -1 if row is None else row.level
 
+    def acked(self, subscriber: str) -> int:
+        """The level the feed of ``subscriber`` last read an ack for (-1: no feed)."""
+        return next((f.acked for f in self.feeds.feeds if f.subscriber == subscriber), -1)
+
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[Served]:
-    pub = Publication(PublicationConfig(name="shop", tables=["notes"]), open_log(tmp_path / "log"))
-    pub.append(pb.Entry(ops=[schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])]))
-    registry = CountingRegistry(f"sqlite:///{tmp_path / 'registry.db'}")
-    feeds = FeedManager("pub1", {"shop": pub}, registry)
-    replication = ReplicationService(feeds, {"shop": pub})
-    endpoint = GrpcEndpoint(
-        "127.0.0.1:0",
-        [lambda s: rpc.add_ReplicationServicer_to_server(replication, s)],
-        ["txrepl.v1.Replication"],
-    )
-    await endpoint.start()
-    try:
-        yield Served(pub, registry, feeds, endpoint.address)
-    finally:
-        feeds.stopping.set()
-        await endpoint.stop(1.0)
-        registry.close()
-        pub.log.close()
+    async with served_feeds(tmp_path, CountingRegistry) as s:
+        yield Served(s.pub, s.registry, s.feeds, s.address)
 
 
 async def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
