@@ -68,6 +68,7 @@ from common.feedstatus import (
 )
 from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
+from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
 from publisher.log import PurgedError
 from publisher.publication import Publication
@@ -133,6 +134,7 @@ class FeedManager:
         self.authorize = authorize
         self.feeds: set[Feed] = set()
         self.stopping = asyncio.Event()
+        self._stop: asyncio.Future[Any] | None = None  # see _stopped()
 
     # -- the RPC --------------------------------------------------------------------
 
@@ -174,7 +176,8 @@ class FeedManager:
                 context.set_trailing_metadata(refusal_metadata(refused.kind))
             return
         self.feeds.add(feed)
-        acks = asyncio.create_task(self._read_acks(feed, requests))
+        recorder = AckRecorder(self.registry, feed.publication.name, feed.subscriber, feed.acked)
+        acks = asyncio.create_task(self._read_acks(feed, requests, recorder))
         try:
             cut = await self._stream(feed, context)
             reason = cut.reason if cut else ""
@@ -186,6 +189,7 @@ class FeedManager:
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
+            await recorder.close()  # the last level acknowledged, before "disconnected"
             await asyncio.to_thread(
                 self.registry.set_state,
                 feed.publication.name,
@@ -335,7 +339,10 @@ class FeedManager:
             return None
 
     async def _read_acks(
-        self, feed: Feed, requests: AsyncIterator[pb.SubscriberMessage | Malformed]
+        self,
+        feed: Feed,
+        requests: AsyncIterator[pb.SubscriberMessage | Malformed],
+        recorder: AckRecorder,
     ) -> None:
         pub = feed.publication
         async for msg in requests:
@@ -357,7 +364,7 @@ class FeedManager:
                     )
                     continue
                 feed.acknowledge(level)
-                await asyncio.to_thread(self.registry.ack, pub.name, feed.subscriber, level)
+                recorder.ack(level)  # to the registry behind the acks (publisher/acks.py)
 
     async def _send(
         self,
@@ -367,7 +374,9 @@ class FeedManager:
     ) -> bool:
         """Send one message; False when it blocked past the send timeout."""
         try:
-            await asyncio.wait_for(context.write(msg), feed.publication.config.send_timeout_s)
+            # asyncio.timeout, not wait_for: no task per message (issue 23, CPU per entry)
+            async with asyncio.timeout(feed.publication.config.send_timeout_s):
+                await context.write(msg)
         except TimeoutError:
             return False
         return True
@@ -480,14 +489,19 @@ class FeedManager:
     async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
         """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
         waiter = asyncio.ensure_future(plog.wait_for(seq, wait_s))  # type: ignore[attr-defined]
-        stop = asyncio.ensure_future(self.stopping.wait())
         try:
-            await asyncio.wait({waiter, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiter, self._stopped()}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stop.cancel()
             if not waiter.done():
                 waiter.cancel()
         return int(plog.head)  # type: ignore[attr-defined]
+
+    def _stopped(self) -> asyncio.Future[Any]:
+        """Done once ``stopping`` is set: one for every wait of every feed, rather than a
+        task made and cancelled per wait (per entry in sync)."""
+        if self._stop is None or self._stop.get_loop() is not asyncio.get_running_loop():
+            self._stop = asyncio.ensure_future(self.stopping.wait())
+        return self._stop
 
     def _cut(self, feed: Feed, kind: CutKind, reason: str) -> Cut:
         pub = feed.publication

@@ -26,7 +26,10 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            return of its COMMIT on the source.  Visibility is watched by a separate
            process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
            0.5 ms (2 ms into MariaDB), so the poller does not share a GIL with the
-           source writer.
+           source writer.  Each txrepl daemon's CPU seconds per 1,000 transactions
+           of the phase are reported beside it (``_cpu.py``); with
+           ``TXREPL_BENCH_PROFILE=<path of py-spy>`` the paced phase also records the
+           publisher (collapsed stacks in the results directory).
 cold       both daemons down while the whole stream (T + 1 transactions) runs on the
            source; then the publisher starts, then the subscriber (txrepl only: the
            native publisher is the source cluster itself): seconds from the
@@ -67,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench._cpu import CpuMeter, py_spy
 from tests.bench._stages import StageScrape, format_stages, stage_quantiles
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
 from tests.support.workload import W1, Stmt, maria_param, sqlite_source, w1_checksum
@@ -158,6 +162,7 @@ class Settings:
     rate: int = 1000
     systems: tuple[str, ...] = SYSTEMS
     measures: tuple[str, ...] = ("catch_up", "lag", "cold")
+    profile: str = ""  # TXREPL_BENCH_PROFILE: py-spy's path (tests/bench/_cpu.py)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -169,7 +174,19 @@ class Settings:
             rate=_env_int("TXREPL_BENCH_RATE", 1000),
             systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS + EXTRA_SYSTEMS, SYSTEMS),
             measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag", "cold")),
+            profile=os.environ.get("TXREPL_BENCH_PROFILE", ""),
         )
+
+
+@dataclass
+class _Profile:
+    """Where the paced lag phases record the publisher (``TXREPL_BENCH_PROFILE``)."""
+
+    py_spy: str | None = None
+    out: Path = Path(".")
+
+
+PROFILE = _Profile()
 
 
 # -- the stream -------------------------------------------------------------------------
@@ -417,6 +434,10 @@ def _jvm_settled(daemon: Daemon | None, timeout: float = 180.0) -> float | None:
     return round(time.monotonic() - began, 2)
 
 
+def _running(*daemons: Daemon | None) -> dict[str, Daemon]:
+    return {d.kind: d for d in daemons if d is not None and d.proc is not None and d.running}
+
+
 class Rig:
     """One configuration: fresh source and target per run; the subscriber started on demand."""
 
@@ -443,6 +464,10 @@ class Rig:
     def metrics(self) -> list[str]:
         """The /metrics addresses of the daemons (their stage histograms)."""
         return []
+
+    def daemons(self) -> dict[str, Daemon]:
+        """The running txrepl daemons by kind (their CPU per phase: ``_cpu.py``)."""
+        return {}
 
     def in_sync_s(self) -> float | None:
         """Seconds from the subscriber's launch to its first ``in_sync`` (JVM included)."""
@@ -534,6 +559,10 @@ class TxreplSqlite(Rig):
     def metrics(self) -> list[str]:
         pair = self.pair
         return [d.metrics_address for d in (pair.pub, pair.sub) if d] if pair else []
+
+    def daemons(self) -> dict[str, Daemon]:
+        pair = self.pair
+        return _running(pair.pub, pair.sub) if pair else {}
 
     def in_sync_s(self) -> float | None:
         assert self.pair is not None
@@ -801,6 +830,9 @@ class TxreplPg(Rig):
 
     def metrics(self) -> list[str]:
         return [d.metrics_address for d in (self.pub, self.sub) if d]
+
+    def daemons(self) -> dict[str, Daemon]:
+        return _running(self.pub, self.sub)
 
     def in_sync_s(self) -> float | None:
         from tests.support.harness import subscription_status
@@ -1091,12 +1123,23 @@ def _lag_phase(
 ) -> dict[str, Any]:
     markers = [i for i in range(first_id, first_id + len(txns)) if i % MARK_EVERY == 0]
     scraper = StageScrape(rig.metrics())
+    daemons = rig.daemons()
+    meter = CpuMeter({kind: d.proc.pid for kind, d in daemons.items() if d.proc is not None})
+    pub = daemons.get("publisher")
+    spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}.txt"
     with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
         time.sleep(0.3)  # let the poller connect
         before = scraper.take()
+        meter.start()
         started = time.time()
-        commits, achieved = run_stream(source, txns, first_id, rate)
-        seen = collect(600)
+        with py_spy(
+            PROFILE.py_spy if rate is not None else None,
+            pub.proc.pid if pub is not None and pub.proc is not None else None,
+            spy_to,
+        ):
+            commits, achieved = run_stream(source, txns, first_id, rate)
+            seen = collect(600)
+        cpu = meter.stop()
         stages = stage_quantiles(before, scraper.take())
     lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
     ms = [lag for _, lag in lags]
@@ -1111,6 +1154,8 @@ def _lag_phase(
         "max_ms": round(max(ms), 2) if ms else float("nan"),
         "series": [(round(t, 3), round(lag, 2)) for t, lag in lags],
         "stages": stages,
+        # CPU seconds per 1,000 transactions of each daemon, over the phase
+        "cpu_s_per_1000_txn": {k: round(v * 1000 / len(txns), 3) for k, v in cpu.items()},
     }
 
 
@@ -1374,6 +1419,7 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
 
 def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     results_dir.mkdir(parents=True, exist_ok=True)
+    PROFILE.py_spy, PROFILE.out = cfg.profile or None, results_dir
     print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
     txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 2))  # + a restart's transaction
     catch = txns[: cfg.t + 1]
@@ -1431,7 +1477,13 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                     f"  {rig.name} lag run {run_no} at {row['rate']}: p50 {row['p50_ms']} ms, "
                     f"p99 {row['p99_ms']} ms, max {row['max_ms']} ms "
                     f"({row['seen']}/{row['markers']} markers, {row['achieved_txn_per_s']} txn/s)"
-                    + (f"\n    {format_stages(row['stages'])}" if row.get("stages") else ""),
+                    + (f"\n    {format_stages(row['stages'])}" if row.get("stages") else "")
+                    + (
+                        "\n    CPU s per 1,000 txn: "
+                        + ", ".join(f"{k} {v}" for k, v in row["cpu_s_per_1000_txn"].items())
+                        if row.get("cpu_s_per_1000_txn")
+                        else ""
+                    ),
                     flush=True,
                 )
                 res.rows.append(row)

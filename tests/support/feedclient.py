@@ -31,6 +31,7 @@ class RawSubscriber:
     target: ReferenceTarget = field(default_factory=ReferenceTarget)
     welcome: pb.Welcome | None = None
     in_sync: asyncio.Event = field(default_factory=asyncio.Event)
+    acked: asyncio.Event = field(default_factory=asyncio.Event)  # set after each batch's ack
     ended: asyncio.Event = field(default_factory=asyncio.Event)
     code: grpc.StatusCode | None = None
     details: str = ""
@@ -82,6 +83,7 @@ class RawSubscriber:
                         a = pb.SubscriberMessage()
                         a.ack.level = self.level
                         await self._call.write(a)
+                    self.acked.set()
                 elif kind == "in_sync":
                     self.in_sync.set()
         except grpc.aio.AioRpcError:
