@@ -1001,19 +1001,7 @@ def catch_up(
         last = len(txns) - 1
         launched = time.time()
         startup_s, began = rig.start_subscriber()
-        target = rig.target()
-        try:
-            wait_until(
-                lambda: target_scalar(target, "SELECT max(id) FROM orders") >= last,
-                1800,
-                f"{rig.name}: transaction {last} on the target",
-                interval=0.005,
-            )
-            done = time.time()
-            peak = _peak_rss_mib(rig.subscriber())
-            same = source.checksum() == w1_checksum(target)
-        finally:
-            target.close()
+        done, same, peak = _final_state(rig, source, last)
         # The apply counts from when the subscriber is syncing and its Spark session is
         # up and warm: the JVM starts beside the subscriptions (subscriber/apply/lazy.py)
         # and the warm-up jobs run once it is up; both are start-up, as they were when
@@ -1042,6 +1030,24 @@ def catch_up(
         rig.teardown()
 
 
+def _final_state(rig: Rig, source: Source, last: int) -> tuple[float, bool, dict[str, float]]:
+    """Wait until the target shows transaction ``last``: (when, checksums equal, the
+    subscriber's peak memory)."""
+    target = rig.target()
+    try:
+        wait_until(
+            lambda: target_scalar(target, "SELECT max(id) FROM orders") >= last,
+            1800,
+            f"{rig.name}: transaction {last} on the target",
+            interval=0.005,
+        )
+        done = time.time()
+        peak = _peak_rss_mib(rig.subscriber())
+        return done, source.checksum() == w1_checksum(target), peak
+    finally:
+        target.close()
+
+
 def cold_start(
     rig: Rig, txns: Sequence[list[Stmt]], counts: dict[str, int], run: int
 ) -> dict[str, Any] | None:
@@ -1060,18 +1066,7 @@ def cold_start(
         rig.start_publisher()
         publisher_s = time.time() - launched
         rig.start_subscriber()
-        target = rig.target()
-        try:
-            wait_until(
-                lambda: target_scalar(target, "SELECT max(id) FROM orders") >= last,
-                1800,
-                f"{rig.name}: transaction {last} on the target",
-                interval=0.005,
-            )
-            done = time.time()
-            same = source.checksum() == w1_checksum(target)
-        finally:
-            target.close()
+        done, same, peak = _final_state(rig, source, last)
         return {
             "system": rig.name,
             "measure": "cold",
@@ -1081,7 +1076,7 @@ def cold_start(
             "total_s": round(done - launched, 3),
             "row_changes_per_s": round(counts["row_changes"] / (done - launched), 1),
             "checksum_ok": same,
-            **_peak_rss_mib(rig.subscriber()),
+            **peak,
         }
     finally:
         rig.teardown()
