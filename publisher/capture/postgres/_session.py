@@ -253,7 +253,9 @@ class Session(SnapshotCrossing):
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
         schema = for_publication(shape.schema, ps.tables)
-        if tab.logged != schema:
+        # ``is``: the schema object itself, as logged last, on every row of the
+        # table (no foreign key to drop); comparing contents costs per row.
+        if tab.logged is not schema and tab.logged != schema:
             if tab.logged is not None and needs_copy(
                 tab.logged, schema, lambda names: self.cap._cat().filled(tab.name, names)
             ):
@@ -286,7 +288,9 @@ class Session(SnapshotCrossing):
             return
         shape = self._shape(r)
         infos = shape.infos
-        rc = pb.RowChange(table=r.name.display)
+        op = pb.Op()
+        rc = op.row  # filled in place: pb.Op(row=rc) would copy every value
+        rc.table = r.name.display
         if isinstance(ev, Insert):
             rc.op = pb.ROW_OP_INSERT
             rc.row.extend(to_value(_text(d), i) for d, i in zip(ev.new, infos, strict=True))
@@ -304,7 +308,6 @@ class Session(SnapshotCrossing):
             rc.op = pb.ROW_OP_DELETE
             rc.key.extend(to_value(_text(ev.old[k]), infos[k]) for k in shape.key_idx)
         self.cap.changes += 1
-        op = pb.Op(row=rc)
         size = op.ByteSize() + 6  # with its tag and length in the entry
         for ps, tab in targets:
             if self._room(ps, rc, size, shape.key_idx):
