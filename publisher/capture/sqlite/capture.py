@@ -65,7 +65,7 @@ from publisher.capture.health import CaptureHealth
 from publisher.capture.sqlite.constraints import read_constraints
 from publisher.capture.sqlite.entries import CapturedRow, EntryBuilder, Shape
 from publisher.capture.sqlite.images import parse_sql_literal
-from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
+from publisher.capture.sqlite.locks import WAIT_SLICE_S, delete_released, waiting
 from publisher.capture.sqlite.mapping import sqlite_pg_type
 from publisher.capture.sqlite.shapes import (
     TRIGGER_TAGS,
@@ -412,12 +412,7 @@ class SqliteCapture(EntryBuilder):
 
     def release(self, upto_id: int) -> None:
         """Delete captured rows that every publication has durably logged, in small batches."""
-        query = (
-            "DELETE FROM _txrepl_capture WHERE id IN (SELECT id FROM _txrepl_capture"
-            f" WHERE id <= ? ORDER BY id LIMIT {RELEASE_BATCH})"
-        )
-        while self._waiting(lambda: self._conn.execute(query, (upto_id,)).rowcount) > 0:
-            pass
+        delete_released(self._conn, upto_id, self._waiting)
 
     def max_id(self, conn: sqlite3.Connection | None = None) -> int:
         """The highest capture id ever handed out (rows may have been released since)."""

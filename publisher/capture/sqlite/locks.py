@@ -18,6 +18,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -26,7 +27,7 @@ import structlog
 from publisher.capture.health import CaptureHealth
 from publisher.errors import SourceError
 
-__all__ = ["RELEASE_BATCH", "WAIT_SLICE_S", "waiting"]
+__all__ = ["RELEASE_BATCH", "WAIT_SLICE_S", "delete_released", "waiting"]
 
 WAIT_SLICE_S = 0.25
 RELEASE_BATCH = 500  # 50 MB of 100 KB rows: well under 0.5 s of write lock
@@ -52,3 +53,21 @@ def waiting(attempt: Callable[[], T], *, path: Path, health: CaptureHealth, time
                     f" than {timeout_s:g} s: {text}"
                 ) from exc
             log.info("source locked by another connection; waiting", path=str(path))
+
+
+_DELETE = (
+    "DELETE FROM _txrepl_capture WHERE id IN (SELECT id FROM _txrepl_capture"
+    f" WHERE id <= ? ORDER BY id LIMIT {RELEASE_BATCH})"
+)
+
+
+def delete_released(
+    conn: sqlite3.Connection,
+    upto_id: int,
+    wait: Callable[[Callable[[], sqlite3.Cursor]], sqlite3.Cursor],
+) -> None:
+    """Delete the capture rows with ids up to ``upto_id``, RELEASE_BATCH rows per
+    transaction, each attempt through ``wait`` (a :func:`waiting` bound to the source)."""
+    delete = partial(conn.execute, _DELETE, (upto_id,))
+    while wait(delete).rowcount > 0:
+        pass

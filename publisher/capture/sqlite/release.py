@@ -8,15 +8,16 @@ of :data:`~publisher.capture.sqlite.locks.RELEASE_BATCH` rows, each a commit wit
 its fsync and a wait for the application's write lock), which showed as the
 capture stage's p99 and in the in-sync lag's.
 
-:class:`Releaser` runs the same deletes in a thread of its own with its own
-connection: the loop hands it the bound (:meth:`Releaser.request`) and goes on
-polling; reads and this writer do not block each other in WAL mode.  The
-connection commits with ``synchronous = NORMAL``: a delete lost to a power cut
-brings back rows below every publication's position, which capture skips (it
-reads after each publication's position) and the next release deletes again, so
-nothing is captured twice.  Lock waits count in ``health.lock_waits`` as the
-loop's own do; a release that fails is logged and tried again with the next
-request (the rows stay until then, nothing else depends on their deletion).
+:class:`Releaser` runs the same deletes (``locks.delete_released``) in a thread of
+its own with its own connection: the loop hands it the bound
+(:meth:`Releaser.request`) and goes on polling; reads and this writer do not block
+each other in WAL mode. The connection commits with ``synchronous = NORMAL``: a
+delete lost to a power cut brings back rows below every publication's position,
+which capture skips (it reads after each publication's position) and the next
+release deletes again, so nothing is captured twice. Lock waits count in
+``health.lock_waits`` as the loop's own do; a release that fails is logged and tried
+again with the next request (the rows stay until then, nothing else depends on their
+deletion).
 """
 
 from __future__ import annotations
@@ -29,16 +30,11 @@ from pathlib import Path
 import structlog
 
 from publisher.capture.health import CaptureHealth
-from publisher.capture.sqlite.locks import RELEASE_BATCH, WAIT_SLICE_S, waiting
+from publisher.capture.sqlite.locks import WAIT_SLICE_S, delete_released, waiting
 
 __all__ = ["Releaser"]
 
 log = structlog.get_logger(__name__)
-
-_DELETE = (
-    "DELETE FROM _txrepl_capture WHERE id IN (SELECT id FROM _txrepl_capture"
-    f" WHERE id <= ? ORDER BY id LIMIT {RELEASE_BATCH})"
-)
 
 
 class Releaser:
@@ -90,10 +86,8 @@ class Releaser:
                     if self._stop:
                         return
                     upto = self._wanted
-                delete = partial(conn.execute, _DELETE, (upto,))
                 try:
-                    while self._waiting(delete).rowcount > 0:
-                        pass
+                    delete_released(conn, upto, self._waiting)
                 except Exception as exc:  # the rows stay; the next request tries again
                     log.warning(
                         "capture rows not released; trying again later",
