@@ -45,7 +45,7 @@ import pyarrow as pa
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import EventBuffer
 from subscriber.apply._small import groupable
-from subscriber.apply._wire import SEntry
+from subscriber.apply._wire import shadow
 from subscriber.apply.entry import AnyEntry
 from subscriber.apply.writer import RowsStep
 
@@ -86,7 +86,7 @@ def few_entries(entries: Sequence[AnyEntry]) -> list[Any] | None:
     shadows = []
     ops = 0
     for entry in entries:
-        shadows.append(SEntry.FromString(entry.SerializeToString()))
+        shadows.append(shadow(entry))
         ops += len(shadows[-1].ops)
         if ops > FEW_OPS:
             return None

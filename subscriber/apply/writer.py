@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -223,9 +223,13 @@ class Writer(Protocol):
     def close(self) -> None: ...
 
 
-def column_of(table: pa.Table, index: int) -> tuple[pa.ChunkedArray, bool]:
-    """The ``index``-th schema column of an apply table, and whether it is variant."""
-    names = table.column_names
+def column_of(
+    table: pa.Table, index: int, names: Collection[str] | None = None
+) -> tuple[pa.ChunkedArray, bool]:
+    """The ``index``-th schema column of an apply table, and whether it is variant
+    (``names``: the table's column names, when the caller reads several columns)."""
+    if names is None:
+        names = table.column_names
     if f"c{index}" in names:
         return table.column(f"c{index}"), False
     return table.column(f"v{index}"), True

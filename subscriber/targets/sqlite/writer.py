@@ -199,12 +199,7 @@ def _column_values(
 ) -> list[object]:
     """Column ``index`` of an apply table as bound (``names``: the table's column
     names, when the caller reads several columns of it)."""
-    if names is None:
-        col, variant = column_of(table, index)
-    elif f"c{index}" in names:
-        col, variant = table.column(f"c{index}"), False
-    else:
-        col, variant = table.column(f"v{index}"), True
+    col, variant = column_of(table, index, names)
     t = column.type
     if variant:
         return [sqlite_value(v) for v in python_values(col, column, variant)]
