@@ -381,18 +381,20 @@ class SqliteCapture(EntryBuilder):
         }
 
         def fetch() -> list[CapturedRow]:
-            out: list[CapturedRow] = []
-            total = 0
             cur = c.execute(query, bounds)
             try:
-                for r in cur:
-                    out.append(CapturedRow(*r))
+                if max_bytes is None:
+                    return list(map(CapturedRow._make, cur))
+                got: list[tuple[object, ...]] = []
+                total = 0
+                for r in cur:  # row by row: the bytes read stay within max_bytes
+                    got.append(r)
                     total += r[7]
-                    if max_bytes is not None and (total >= max_bytes or len(out) >= CHUNK_ROWS):
+                    if total >= max_bytes or len(got) >= CHUNK_ROWS:
                         break
+                return list(map(CapturedRow._make, got))
             finally:
                 cur.close()  # the statement ends before the read transaction does
-            return out
 
         def current() -> list[CapturedRow] | None:
             c.execute("BEGIN")

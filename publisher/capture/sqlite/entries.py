@@ -31,20 +31,23 @@ import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from common.calls import parse_call
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.sqlite.constraints import published
 from publisher.capture.sqlite.images import image_values_at
-from publisher.capture.sqlite.wire import image_wire, row_op
+from publisher.capture.sqlite.wire import entry_op, image_wire, row_op
 from publisher.errors import RowTooLarge, key_text
 
 __all__ = ["CapturedRow", "EntryBuilder", "Shape"]
 
 
-@dataclass(frozen=True, slots=True)
-class CapturedRow:
+class CapturedRow(NamedTuple):
+    """One row of ``_txrepl_capture`` as read (a tuple: built in C from the cursor's
+    row, about 2 us per row less than a frozen dataclass in a backlog's hot loop)."""
+
     id: int
     pub: str | None
     tbl: str
@@ -95,27 +98,28 @@ class EntryBuilder:
         """
         limit = max_bytes if max_bytes is not None else 2**62
         entries: list[pb.Entry] = []
-        entry = pb.Entry()
+        parts: list[bytes] = []  # the open entry's ops, as Entry.ops elements (wire.py)
         size = 0
         last = after_id
         logged = self._logged
         names: dict[str, bytes] = {}
 
-        def room(op: pb.Op, key_idx: Sequence[int] = ()) -> None:
-            nonlocal entry, size
-            n = op.ByteSize() + 6  # the op's tag and length
+        def room(op: bytes, key_idx: Sequence[int] = ()) -> None:
+            nonlocal parts, size
+            n = len(op) + 6  # the op's tag and length
             if n > limit:
+                parsed = pb.Op.FromString(op)
                 raise RowTooLarge(
                     publication=publication,
-                    table=op.row.table or op.schema.table,
-                    key=key_text(op.row, key_idx),
+                    table=parsed.row.table or parsed.schema.table,
+                    key=key_text(parsed.row, key_idx),
                     size=n,
                     limit=limit,
                 )
-            if size + n > limit and entry.ops:
-                entries.append(entry)
-                entry, size = pb.Entry(), 0
-            entry.ops.append(op)
+            if size + n > limit and parts:
+                entries.append(pb.Entry.FromString(b"".join(parts)))
+                parts, size = [], 0
+            parts.append(entry_op(op))
             size += n
 
         for r in rows:
@@ -123,7 +127,7 @@ class EntryBuilder:
                 continue
             last = r.id
             if r.op == "C":  # a call this publication records (publisher/capture/calls.py)
-                room(pb.Op(call=parse_call(r.v)))  # type: ignore[arg-type]
+                room(pb.Op(call=parse_call(r.v)).SerializeToString())  # type: ignore[arg-type]
                 continue
             added = tables.get(r.tbl)
             if added is None or r.id < added:
@@ -135,7 +139,7 @@ class EntryBuilder:
                 op = pb.Op()
                 op.schema.MergeFromString(r.v)
                 op.schema.table = format_table(None, r.tbl)
-                room(published(op, tables))
+                room(published(op, tables).SerializeToString())
                 logged[(publication, r.tbl)] = r.gen
                 continue
             shape = self._shape(r.gen, r.tbl)
@@ -143,7 +147,7 @@ class EntryBuilder:
                 op = pb.Op()
                 op.schema.CopyFrom(shape.schema)
                 op.schema.table = format_table(None, r.tbl)
-                room(published(op, tables))
+                room(published(op, tables).SerializeToString())
                 logged[(publication, r.tbl)] = r.gen
             if r.size > limit:
                 raise RowTooLarge(
@@ -156,15 +160,17 @@ class EntryBuilder:
             wire_name = names.get(r.tbl)
             if wire_name is None:  # the wire's form (common/names.py)
                 wire_name = names[r.tbl] = format_table(None, r.tbl).encode()
-            op = row_op(  # wire.py: the bytes pb.Value objects would serialize to
-                wire_name,
-                _OPS[r.op],
-                None if r.k is None else image_wire(r.k, shape.key_types),
-                None if r.v is None else image_wire(r.v, shape.types),
+            room(
+                row_op(  # wire.py: the bytes pb.Value objects would serialize to
+                    wire_name,
+                    _OPS[r.op],
+                    None if r.k is None else image_wire(r.k, shape.key_types),
+                    None if r.v is None else image_wire(r.v, shape.types),
+                ),
+                shape.key_idx,
             )
-            room(op, shape.key_idx)
-        if entry.ops:
-            entries.append(entry)
+        if parts:
+            entries.append(pb.Entry.FromString(b"".join(parts)))
         now = int(time.time() * 1_000_000)
         for e in entries:
             e.commit_time_us = now

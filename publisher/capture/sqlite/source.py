@@ -231,6 +231,8 @@ class SqliteSource:
                     scope = scopes[pub.name]
                     self._build(pub, groups[pub.name], rows, ends, installed, origin, scope)
                 after = rows[-1].id
+                if after >= upto:  # nothing left to read below the bound: no empty read
+                    break
             appended = sum(
                 groups[p.name].finish(ends[p.name]) for p in live if p.name not in self.refused
             )

@@ -32,8 +32,9 @@ to those bytes: a TEXT value's stored bytes are its wire bytes once they are che
 to be UTF-8, a BLOB's are as they are, an integer literal is read by ``int``; the
 other values are read as images.py reads them and written by :func:`value_bytes`.
 A ``RowChange`` is then written field by field in field-number order (table 1, op 2,
-each key Value 3, each row Value 4), the order upb serializes in, and parsed once,
-in C, into the op the log receives: the bytes logged are the same as before.
+each key Value 3, each row Value 4), the order upb serializes in, inside its ``Op``
+(field 1); an entry's ops are joined as ``Entry.ops`` elements (field 3) and parsed
+once, in C, into the entry the log receives: the bytes logged are the same as before.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from common.values import EPOCH_UTC, sqlite_text_factory, to_decimal
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image, parse_sql_literal
 
-__all__ = ["image_wire", "row_op", "value_bytes"]
+__all__ = ["entry_op", "image_wire", "row_op", "value_bytes"]
 
 _INTEGER = int(pb.COLUMN_TYPE_INTEGER)
 _DECIMAL = int(pb.COLUMN_TYPE_DECIMAL)
@@ -75,9 +76,11 @@ def _varint(n: int) -> bytes:
     """``n`` (0 <= n < 2**64) as a protobuf varint."""
     if n < 128:
         return _SMALL[n]
-    out = bytearray()
+    if n < 16_384:
+        return bytes((n & 0x7F | 0x80, n >> 7))
+    out = []
     while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
+        out.append(n & 0x7F | 0x80)
         n >>= 7
     out.append(n)
     return bytes(out)
@@ -201,17 +204,28 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
             v: object = int(literal)
         except ValueError:  # a real, Inf, a quoted literal
             v = parse_sql_literal(literal.decode("ascii"))
+        else:
+            if t == _INTEGER and -(2**63) <= v < 2**63:  # type: ignore[operator]
+                out.append(_INT_TAG + _zigzag(v))  # type: ignore[arg-type]
+                continue
         out.append(value_bytes(v, t, s))
     return out
 
 
-def row_op(table: bytes, op: int, key: list[bytes] | None, row: list[bytes] | None) -> pb.Op:
-    """An ``Op`` holding the row change: ``table`` (UTF-8), ``op`` (a RowOp), and the
-    key's and row's serialized Values (None: the field is absent)."""
+def row_op(table: bytes, op: int, key: list[bytes] | None, row: list[bytes] | None) -> bytes:
+    """The serialized ``Op`` holding the row change: ``table`` (UTF-8), ``op`` (a
+    RowOp), and the key's and row's serialized Values (None: the field is absent)."""
     parts = [_length(b"\x0a", table)] if table else []
     if op:
         parts.append(b"\x10" + _varint(op))
     for tag, values in ((b"\x1a", key), (b"\x22", row)):
         if values is not None:
-            parts.extend(_length(tag, v) for v in values)
-    return pb.Op.FromString(_length(b"\x0a", b"".join(parts)))
+            for v in values:
+                parts.append(tag + _SMALL[len(v)] + v if len(v) < 128 else _length(tag, v))
+    return _length(b"\x0a", b"".join(parts))
+
+
+def entry_op(op: bytes) -> bytes:
+    """A serialized ``Op`` as one element of ``Entry.ops`` (field 3): entries are
+    joined from these and parsed once, in C, rather than built op by op."""
+    return _length(b"\x1a", op)

@@ -95,8 +95,8 @@ def test_a_row_op_equals_the_op_built_from_objects() -> None:
             [value_bytes(v, *ts) for v, ts in zip(key, types, strict=False)] if has_key else None,
             [value_bytes(v, *ts) for v, ts in zip(row, types, strict=False)] if has_row else None,
         )
-        assert got == want
-        assert got.SerializeToString() == want.SerializeToString()
+        assert pb.Op.FromString(got) == want
+        assert got == want.SerializeToString()
 
 
 # One column per declared type the capture maps (publisher/capture/sqlite/mapping.py),
