@@ -200,14 +200,17 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
         if literal == b"NULL":
             out.append(_NULL)
             continue
-        try:
-            v: object = int(literal)
-        except ValueError:  # a real, Inf, a quoted literal
-            v = parse_sql_literal(literal.decode("ascii"))
+        if b"." in literal:  # a real: no int() attempt, whose exception costs ~1 us
+            v: object = parse_sql_literal(literal.decode("ascii"))
         else:
-            if t == _INTEGER and -(2**63) <= v < 2**63:  # type: ignore[operator]
-                out.append(_INT_TAG + _zigzag(v))  # type: ignore[arg-type]
-                continue
+            try:
+                v = int(literal)
+            except ValueError:  # a real written 1e+300, Inf, a quoted literal
+                v = parse_sql_literal(literal.decode("ascii"))
+            else:
+                if t == _INTEGER and -(2**63) <= v < 2**63:
+                    out.append(_INT_TAG + _zigzag(v))
+                    continue
         out.append(value_bytes(v, t, s))
     return out
 
