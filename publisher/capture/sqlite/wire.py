@@ -107,9 +107,66 @@ def _decimal(v: int | float, scale: int) -> bytes | None:
     return _length(_DECIMAL_TAG, str(d).encode())
 
 
+_MINUTES: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM" -> its seconds since the epoch, as UTC
+_MINUTES_MAX = 4096
+
+
 def _timestamptz(v: str) -> bytes | None:
     """ISO text with an offset, already in ``isoformat``'s form (exact.py), as the
-    instant and its offset; None for any other text."""
+    instant and its offset; None for any other text.
+
+    The common forms, ``YYYY-MM-DDTHH:MM:SS[.ffffff]+HH:MM`` in ASCII digits, are
+    read by slicing, the minute's seconds since the epoch cached (a stream's times
+    share their minutes); the text must be exactly what ``isoformat`` prints
+    (microseconds only when not zero, ``+00:00`` rather than ``-00:00``), and any
+    other text takes :func:`_timestamptz_parsed`, the rule itself."""
+    n = len(v)
+    if (n == 25 or (n == 32 and v[19] == "." and v[20:26] != "000000")) and v.isascii():
+        sign = v[n - 6]
+        minute = _MINUTES.get(v[:16])
+        if minute is None and (sign == "+" or sign == "-") and v[16] == ":":
+            minute = _minute(v[:16])
+        sec, hh, mm = v[17:19], v[n - 5 : n - 3], v[n - 2 :]
+        if (
+            minute is not None
+            and v[n - 3] == ":"
+            and sec.isdigit()
+            and hh.isdigit()
+            and mm.isdigit()
+            and (n == 25 or v[20:26].isdigit())
+            and (sign == "+" or (sign == "-" and (hh != "00" or mm != "00")))
+        ):
+            second, oh, om = int(sec), int(hh), int(mm)
+            if second < 60 and oh < 24 and om < 60:
+                offset = (oh * 3600 + om * 60) * (1 if sign == "+" else -1)
+                micro = int(v[20:26]) if n == 32 else 0
+                utc = (minute + second - offset) * 1_000_000 + micro
+                body = (b"\x08" + _zigzag(utc) if utc else b"") + (
+                    b"\x10" + _zigzag(offset) if offset else b""
+                )
+                return _length(_TZ_TAG, body)
+    return _timestamptz_parsed(v)
+
+
+def _minute(prefix: str) -> int | None:
+    """Seconds since the epoch of ``YYYY-MM-DDTHH:MM`` read as UTC (cached); None when
+    it is not that, exactly as ``isoformat`` prints it."""
+    try:
+        at = dt.datetime.fromisoformat(prefix)
+    except ValueError:
+        return None
+    if at.isoformat()[:16] != prefix or len(prefix) != 16:
+        return None
+    delta = at.replace(tzinfo=dt.UTC) - EPOCH_UTC
+    seconds = delta.days * 86_400 + delta.seconds
+    if len(_MINUTES) >= _MINUTES_MAX:
+        _MINUTES.clear()
+    _MINUTES[prefix] = seconds
+    return seconds
+
+
+def _timestamptz_parsed(v: str) -> bytes | None:
+    """:func:`_timestamptz` by ``datetime``'s own parser (any form; the rule)."""
     try:
         ts = dt.datetime.fromisoformat(v)
     except ValueError:
