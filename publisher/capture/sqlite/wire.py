@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import struct
 from collections.abc import Sequence
 
@@ -99,12 +100,23 @@ def _decimal(v: int | float, scale: int) -> bytes | None:
     """A DECIMAL column's int, or float that its scale keeps (exact.py), as the
     decimal text; None when the float travels as stored or the text cannot be made."""
     try:
-        d = to_decimal(v, scale)
-        if d is None or (type(v) is float and d != decimal.Decimal(repr(v))):
-            return None
+        if type(v) is float:  # to_decimal's steps, the shortest repr read once
+            exact = decimal.Decimal(repr(v))
+            d: decimal.Decimal | None = exact.quantize(_quantum(scale)) if scale else exact
+            if d != exact:
+                return None
+        else:
+            d = to_decimal(v, scale)
+            if d is None:
+                return None
     except decimal.InvalidOperation:
         return None
     return _length(_DECIMAL_TAG, str(d).encode())
+
+
+@functools.cache
+def _quantum(scale: int) -> decimal.Decimal:
+    return decimal.Decimal(1).scaleb(-scale)  # as to_decimal quantizes
 
 
 _MINUTES: dict[str, int] = {}  # "YYYY-MM-DDTHH:MM" -> its seconds since the epoch, as UTC
