@@ -150,16 +150,23 @@ class SparkConfig:
     executor_cores: int = 0  # spark.executor.cores (0: Spark's default)
     executor_memory: str = ""  # spark.executor.memory, e.g. "2g" ("": Spark's default)
     python: str = ""  # the executors' Python ("": this daemon's interpreter)
-    # When the driver's JVM starts (subscriber/apply/lazy.py): "on_demand", at the first
-    # batch of spark_min_rows row changes or the first snapshot (a subscriber in sync
-    # never starts one); "at_start", as the daemon starts (a catch-up finds it warm).
+    # When the driver's JVM starts (subscriber/apply/lazy.py): "on_demand", once batches
+    # of spark_min_rows row changes have kept coming for start_after_s seconds, or at the
+    # first snapshot, transform or history table (a subscriber in sync never starts
+    # one); "at_start", as the daemon starts (a catch-up finds it warm).
     start: str = "on_demand"
+    start_after_s: float = 5.0  # 0: the first big batch begins the start
 
     def __post_init__(self) -> None:
         if self.start not in ("on_demand", "at_start"):
             raise ValueError(
                 f"spark.start {self.start!r}: use 'on_demand' (the JVM starts when a batch "
                 "first needs it) or 'at_start' (as the daemon starts)"
+            )
+        if not 0 <= self.start_after_s < float("inf"):
+            raise ValueError(
+                f"spark.start_after_s {self.start_after_s!r}: use a number of seconds >= 0 "
+                "(0: the JVM starts at the first batch of spark_min_rows row changes)"
             )
         if self.executor_cores < 0:
             raise ValueError("spark.executor_cores must not be negative")

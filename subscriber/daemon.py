@@ -228,7 +228,11 @@ class Subscriber:
         # Started in a thread, at once or when first needed (subscriber/apply/lazy.py):
         # the subscriptions connect and apply meanwhile; a Spark job waits for it.
         settings = spark_settings(cfg)  # executors' settings too
-        lazy = LazySpark(lambda: _warmed(settings), at_once=cfg.spark.start == "at_start")
+        lazy = LazySpark(
+            lambda: _warmed(settings),
+            at_once=cfg.spark.start == "at_start",
+            start_after_s=cfg.spark.start_after_s,
+        )
         self.spark = cast("SparkSession", lazy)
         meters = ApplyMetrics(self.metrics_registry) if self.metrics_registry else None
         stages = StageLatency(

@@ -1,8 +1,10 @@
 """When the subscriber's Spark JVM starts (``[spark] start``, subscriber/apply/lazy.py).
 
 ``on_demand`` (the default): a subscriber that stays in sync never starts a JVM (some
-400 MB and 8 s of CPU saved); the first batch of ``spark_min_rows`` row changes
-begins the start and is applied in the driver meanwhile, so nothing waits for it.
+400 MB and 8 s of CPU saved); batches of ``spark_min_rows`` row changes begin the start
+once they have kept coming for ``start_after_s`` (a single big batch does not; with
+``start_after_s = 0`` the first one does), and are applied in the driver meanwhile, so
+nothing waits for it.
 ``at_start``: the JVM starts with the daemon.  Real daemons; the JVM is looked for
 among the subscriber process's descendants.
 """
@@ -62,16 +64,50 @@ def _equal(pair: Pair, src: sqlite3.Connection) -> None:
     wait_until(done, 120, "the target to equal the source", interval=0.2)
 
 
-def _pair(tmp_path: Path, start: str | None) -> tuple[Pair, sqlite3.Connection]:
-    extra = {"spark": {"start": start}} if start else {}
+def _pair(
+    tmp_path: Path, start: str | None, after_s: float | None = None
+) -> tuple[Pair, sqlite3.Connection]:
+    spark: dict[str, object] = {"start": start} if start else {}
+    if after_s is not None:
+        spark["start_after_s"] = after_s
+    extra = {"spark": spark} if spark else {}
     pair = Pair(tmp_path, tables=["items"], subscriber_extra=extra)
     src = sqlite3.connect(pair.source_path, isolation_level=None)
     src.execute(DDL)
     return pair, src
 
 
+def _big(src: sqlite3.Connection) -> None:
+    """One transaction of 15,000 row changes: over spark_min_rows (10,000)."""
+    with src:
+        src.execute("BEGIN")
+        src.executemany(
+            "INSERT INTO items VALUES (?, ?, ?)",
+            ((i, f"big {i}", i % 97) for i in range(1000, 16_000)),
+        )
+
+
+def test_one_big_batch_is_applied_without_starting_a_jvm(tmp_path: Path) -> None:
+    pair, src = _pair(tmp_path, None)  # start_after_s: the default
+    try:
+        pair.start_publisher()
+        pair.start_subscriber()
+        assert pair.sub is not None
+        assert pair.sub.proc is not None
+        src.execute("INSERT INTO items VALUES (1, 'a', 1)")
+        _equal(pair, src)
+        _big(src)
+        _equal(pair, src)  # planned in the driver
+        # The start is begun (or not) while the batch is planned, before it is applied.
+        assert "spark session starting" not in pair.sub.log_path.read_text()
+        assert not _java_below(pair.sub.proc.pid), "one big batch started a JVM"
+    finally:
+        pair.stop()
+        src.close()
+
+
 def test_in_sync_without_a_jvm_until_a_big_batch_needs_one(tmp_path: Path) -> None:
-    pair, src = _pair(tmp_path, None)
+    pair, src = _pair(tmp_path, None, after_s=0.0)
     try:
         pair.start_publisher()
         pair.start_subscriber()
@@ -82,13 +118,7 @@ def test_in_sync_without_a_jvm_until_a_big_batch_needs_one(tmp_path: Path) -> No
         _equal(pair, src)
         assert not _java_below(pair.sub.proc.pid), "an in-sync subscriber started a JVM"
 
-        # One transaction of 15,000 row changes: over spark_min_rows (10,000).
-        with src:
-            src.execute("BEGIN")
-            src.executemany(
-                "INSERT INTO items VALUES (?, ?, ?)",
-                ((i, f"big {i}", i % 97) for i in range(1000, 16_000)),
-            )
+        _big(src)
         _equal(pair, src)  # applied in the driver while the JVM starts, or in Spark
         wait_until(lambda: _java_below(pair.sub.proc.pid), 60, "the JVM to start")  # type: ignore[union-attr]
         wait_until(
