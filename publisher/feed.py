@@ -70,7 +70,7 @@ from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
 from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
-from publisher.log import PurgedError
+from publisher.log import Log, PurgedError
 from publisher.publication import Publication
 
 if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
@@ -135,6 +135,7 @@ class FeedManager:
         self.feeds: set[Feed] = set()
         self.stopping = asyncio.Event()
         self._stop: asyncio.Future[Any] | None = None  # see _stopped()
+        self._waits: set[asyncio.Future[int]] = set()  # the feeds' waits for the head
 
     # -- the RPC --------------------------------------------------------------------
 
@@ -486,22 +487,40 @@ class FeedManager:
                     )
         return self._cut(feed, pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN, "publisher shutting down")
 
-    async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
-        """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
-        waiter = asyncio.ensure_future(plog.wait_for(seq, wait_s))  # type: ignore[attr-defined]
-        try:
-            await asyncio.wait({waiter, self._stopped()}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-        return int(plog.head)  # type: ignore[attr-defined]
+    async def _wait(self, plog: Log, seq: int, wait_s: float) -> int:
+        """Wait until the log's head reaches ``seq``, ``wait_s`` passes, or shutdown.
+
+        Per wait (per entry in sync) a future of the log's head watch and a timer, no
+        task (issue 23): the watch, the timer or the shutdown (:meth:`_stopped`)
+        settles the future.
+        """
+        stop = self._stopped()
+        if stop.done():
+            return plog.head
+        watch = plog.watch()
+        fut = watch.future(seq)
+        if not fut.done():
+            timer = asyncio.get_running_loop().call_later(wait_s, _settle, fut)
+            self._waits.add(fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                self._waits.discard(fut)
+                watch.discard(fut)
+        return plog.head
 
     def _stopped(self) -> asyncio.Future[Any]:
-        """Done once ``stopping`` is set: one for every wait of every feed, rather than a
-        task made and cancelled per wait (per entry in sync)."""
+        """Done once ``stopping`` is set, and then settles every feed's wait: one for
+        all the feeds, rather than a task made and cancelled per wait."""
         if self._stop is None or self._stop.get_loop() is not asyncio.get_running_loop():
             self._stop = asyncio.ensure_future(self.stopping.wait())
+            self._stop.add_done_callback(self._stop_waits)
         return self._stop
+
+    def _stop_waits(self, _: asyncio.Future[Any]) -> None:
+        for fut in list(self._waits):
+            _settle(fut)
 
     def _cut(self, feed: Feed, kind: CutKind, reason: str) -> Cut:
         pub = feed.publication
@@ -517,3 +536,9 @@ class FeedManager:
         )
         self.registry.record_cut(pub.name, feed.subscriber, kind, reason)
         return Cut(kind, reason)
+
+
+def _settle(fut: asyncio.Future[int]) -> None:
+    """End a feed's wait for the head (its timeout, or shutdown)."""
+    if not fut.done():
+        fut.set_result(0)

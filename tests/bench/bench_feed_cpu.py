@@ -42,6 +42,23 @@ WARM_UP = 200
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _threads_cpu_s() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by name (Python threads by
+    their name, digits dropped: ``asyncio_3`` counts as ``asyncio_``; others by the
+    kernel's)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        cpu = process_cpu_s(0, f"self/task/{task.name}")
+        if cpu is None:
+            continue
+        tid = int(task.name)
+        name = names.get(tid) or Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+        name = name.rstrip("0123456789") if "_" in name else name
+        out[name] = out.get(name, 0.0) + cpu
+    return out
+
+
 def _cpu(pid: int) -> float:
     cpu = process_cpu_s(pid)
     if cpu is None:
@@ -73,7 +90,7 @@ async def _measure(root: Path, n: int) -> dict[str, Any]:
             me = os.getpid()
             for i in range(WARM_UP + n):
                 if i == WARM_UP:
-                    pub_cpu, sub_cpu = _cpu(me), _cpu(child.pid)
+                    pub_cpu, sub_cpu, threads = _cpu(me), _cpu(child.pid), _threads_cpu_s()
                     loop_cpu, wall = time.thread_time(), time.perf_counter()
                 acked.clear()
                 entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
@@ -84,6 +101,10 @@ async def _measure(root: Path, n: int) -> dict[str, Any]:
             loop_cpu = time.thread_time() - loop_cpu
             wall = time.perf_counter() - wall
             pub_after, sub_after = _cpu(me), _cpu(child.pid)
+            by_thread = {
+                k: round((v - threads.get(k, 0.0)) / n * 1e6, 1)
+                for k, v in _threads_cpu_s().items()
+            }
         finally:
             served.feeds.stopping.set()
             try:
@@ -102,6 +123,7 @@ async def _measure(root: Path, n: int) -> dict[str, Any]:
         "publisher_loop_cpu_us_per_entry": per_entry(loop_cpu),
         "subscriber_cpu_us_per_entry": per_entry(sub_after - sub_cpu),
         "wall_us_per_entry": per_entry(wall),
+        "publisher_threads_cpu_us_per_entry": dict(sorted(by_thread.items())),
     }
 
 
@@ -123,7 +145,8 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
         f"feed path, in sync, one entry per batch, {n} entries, CPU µs per entry: "
         f"publisher {row['publisher_cpu_us_per_entry']:.0f} (its event loop "
         f"{row['publisher_loop_cpu_us_per_entry']:.0f}), subscriber "
-        f"{row['subscriber_cpu_us_per_entry']:.0f}; {row['wall_us_per_entry']:.0f} µs wall"
+        f"{row['subscriber_cpu_us_per_entry']:.0f}; {row['wall_us_per_entry']:.0f} µs wall\n"
+        f"  publisher's threads: {row['publisher_threads_cpu_us_per_entry']}"
     )
     results_dir.mkdir(parents=True, exist_ok=True)
     (results_dir / "bench_feed_cpu.json").write_text(json.dumps(row) + "\n")
