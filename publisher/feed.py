@@ -72,6 +72,7 @@ from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
 from publisher.log import Log, PurgedError
 from publisher.publication import Publication
+from publisher.sendwatch import SendWatch
 
 if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
     from publisher.registry import Registry
@@ -108,6 +109,7 @@ class Feed:
     # (last seq of a sent batch, its bytes), oldest first, until acknowledged
     inflight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
     inflight_bytes: int = 0
+    sends: SendWatch | None = None  # the send timeout (publisher/sendwatch.py)
 
     def acknowledge(self, level: int) -> None:
         self.acked = level
@@ -187,6 +189,8 @@ class FeedManager:
             raise
         finally:
             self.feeds.discard(feed)
+            if feed.sends is not None:
+                feed.sends.stop()
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
@@ -374,13 +378,11 @@ class FeedManager:
         msg: pb.PublisherMessage,
     ) -> bool:
         """Send one message; False when it blocked past the send timeout."""
-        try:
-            # asyncio.timeout, not wait_for: no task per message (issue 23, CPU per entry)
-            async with asyncio.timeout(feed.publication.config.send_timeout_s):
-                await context.write(msg)
-        except TimeoutError:
-            return False
-        return True
+        sends = feed.sends
+        if sends is None:  # the first send of the feed: watch them from now on
+            sends = feed.sends = SendWatch(feed.publication.config.send_timeout_s)
+            sends.start()
+        return await sends.send(context.write(msg))
 
     async def _stream(
         self,
