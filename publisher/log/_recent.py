@@ -71,6 +71,7 @@ class Recent:
             self._bytes > self.max_bytes or len(entries) - start > self.max_entries
         ):
             self._bytes -= len(entries[start])
+            entries[start] = b""  # dropped: its payload is freed now, not at compaction
             start += 1
         self.first += start - self._start
         if start > 1024 and start * 2 > len(entries):

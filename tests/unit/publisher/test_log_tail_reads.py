@@ -116,6 +116,17 @@ def test_many_small_appends_keep_the_memory_bounded() -> None:
     assert r.read(19_950, 20_000, 3, 1 << 20) == [b"19950", b"19951", b"19952"]
 
 
+def test_entries_dropped_from_memory_are_released_at_once() -> None:
+    """Large entries dropped as newer ones come are freed then, not when the list is
+    next compacted: the memory never holds more payload bytes than its bound (a 40 MB
+    backlog of 1 MiB entries once held 30 MiB more than that)."""
+    r = Recent(1, max_bytes=1 << 20)
+    for s in range(1, 201):
+        r.add(s, [bytes(300_000)])
+    assert sum(map(len, r._entries)) <= r.max_bytes
+    assert len(r) == 3
+
+
 def test_a_purged_seq_is_refused_even_when_still_in_memory(tmp_path: Path) -> None:
     """Retention decides what is readable: a read below the first retained seq raises
     PurgedError though the memory may still hold it."""
