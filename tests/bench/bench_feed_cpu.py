@@ -4,10 +4,11 @@ A publication log (``fsync="always"``), a registry (SQLite), the real FeedManage
 behind a real gRPC server on port 0 in this process, and a raw subscriber that
 acknowledges every batch in a child process (``python -m
 tests.bench.bench_feed_cpu ADDRESS``), so the publisher's CPU is measured apart
-from the subscriber's.  Entries are appended one at a time (in a worker thread,
-as capture would), each once the previous one was acknowledged: the in-sync case
-at its worst (one entry per batch, one ack each).  The figures, over
-``TXREPL_BENCH_FEED_N`` entries (default 3,000), are CPU µs (user + system) per
+from the subscriber's.  Entries are appended one at a time by one thread (as
+capture would), each once the previous one was acknowledged (the thread waits on a
+``threading.Event``: the event loop pays no hop per entry for the bench's driver):
+the in-sync case at its worst, one entry per batch and one ack each.  The figures,
+over ``TXREPL_BENCH_FEED_N`` entries (default 3,000), are CPU µs (user + system) per
 entry: the publisher process (append and fsync, the feed's wait, read and send,
 the ack's receipt), its event loop's thread alone, and the subscriber process
 (``/proc/<pid>/stat``).  A fixed amount of work, so it holds better than a lag
@@ -79,7 +80,7 @@ async def _measure(root: Path, n: int) -> dict[str, Any]:
                     raise RuntimeError("the subscriber process did not reach in sync")
                 await asyncio.sleep(0.01)
             (feed,) = served.feeds.feeds
-            acked = asyncio.Event()
+            acked = threading.Event()
             acknowledge = feed.acknowledge
 
             def noted(level: int) -> None:
@@ -87,17 +88,22 @@ async def _measure(root: Path, n: int) -> dict[str, Any]:
                 acked.set()
 
             setattr(feed, "acknowledge", noted)  # noqa: B010 (the bench's probe)
-            me = os.getpid()
-            for i in range(WARM_UP + n):
-                if i == WARM_UP:
-                    pub_cpu, sub_cpu, threads = _cpu(me), _cpu(child.pid), _threads_cpu_s()
-                    loop_cpu, wall = time.thread_time(), time.perf_counter()
-                acked.clear()
-                entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
-                await asyncio.to_thread(pub.append, entry)
-                while feed.acked < pub.log.head:
-                    await asyncio.wait_for(acked.wait(), 60)
+
+            def drive(start: int, stop: int) -> None:
+                """Append entries one at a time, each once the previous was acked."""
+                for i in range(start, stop):
                     acked.clear()
+                    seq = pub.append(pb.Entry(ops=[insert_op("notes", [i, "x"])]))
+                    while feed.acked < seq:
+                        if not acked.wait(60):
+                            raise RuntimeError(f"entry {seq} not acknowledged within 60 s")
+                        acked.clear()
+
+            me = os.getpid()
+            await asyncio.to_thread(drive, 0, WARM_UP)
+            pub_cpu, sub_cpu, threads = _cpu(me), _cpu(child.pid), _threads_cpu_s()
+            loop_cpu, wall = time.thread_time(), time.perf_counter()
+            await asyncio.to_thread(drive, WARM_UP, WARM_UP + n)
             loop_cpu = time.thread_time() - loop_cpu
             wall = time.perf_counter() - wall
             pub_after, sub_after = _cpu(me), _cpu(child.pid)
