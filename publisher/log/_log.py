@@ -223,8 +223,12 @@ class Log:
             target_count = seg.count
             pending = self._pending
             self._pending = []
-            inflight = self._inflight = self._next_round
-            self._next_round = threading.Condition(self._lock)
+            # The two conditions take turns (no new Condition per round; issue 23, CPU
+            # per entry): the last round's was notified, all its waiters, at that
+            # round's end, and nobody waited on it since (they wait on it only while a
+            # round runs), so it serves the waiters of the round after this one.
+            inflight, self._next_round = self._next_round, self._inflight
+            self._inflight = inflight
             self._inflight_target = target
             error: OSError | None = None
             self._lock.release()
