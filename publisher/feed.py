@@ -70,8 +70,9 @@ from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
 from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
-from publisher.log import PurgedError
+from publisher.log import Log, PurgedError
 from publisher.publication import Publication
+from publisher.sendwatch import SendWatch
 
 if TYPE_CHECKING:  # the registry imports SQLAlchemy: not before capture runs (daemon.py)
     from publisher.registry import Registry
@@ -108,6 +109,7 @@ class Feed:
     # (last seq of a sent batch, its bytes), oldest first, until acknowledged
     inflight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
     inflight_bytes: int = 0
+    sends: SendWatch | None = None  # the send timeout (publisher/sendwatch.py)
 
     def acknowledge(self, level: int) -> None:
         self.acked = level
@@ -135,6 +137,7 @@ class FeedManager:
         self.feeds: set[Feed] = set()
         self.stopping = asyncio.Event()
         self._stop: asyncio.Future[Any] | None = None  # see _stopped()
+        self._waits: set[asyncio.Future[int]] = set()  # the feeds' waits for the head
 
     # -- the RPC --------------------------------------------------------------------
 
@@ -186,6 +189,8 @@ class FeedManager:
             raise
         finally:
             self.feeds.discard(feed)
+            if feed.sends is not None:
+                feed.sends.stop()
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
@@ -373,13 +378,11 @@ class FeedManager:
         msg: pb.PublisherMessage,
     ) -> bool:
         """Send one message; False when it blocked past the send timeout."""
-        try:
-            # asyncio.timeout, not wait_for: no task per message (issue 23, CPU per entry)
-            async with asyncio.timeout(feed.publication.config.send_timeout_s):
-                await context.write(msg)
-        except TimeoutError:
-            return False
-        return True
+        sends = feed.sends
+        if sends is None:  # the first send of the feed: watch them from now on
+            sends = feed.sends = SendWatch(feed.publication.config.send_timeout_s)
+            sends.start()
+        return await sends.send(context.write(msg))
 
     async def _stream(
         self,
@@ -486,22 +489,40 @@ class FeedManager:
                     )
         return self._cut(feed, pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN, "publisher shutting down")
 
-    async def _wait(self, plog: object, seq: int, wait_s: float) -> int:
-        """Wait until the log's head reaches ``seq``, the timeout, or shutdown."""
-        waiter = asyncio.ensure_future(plog.wait_for(seq, wait_s))  # type: ignore[attr-defined]
-        try:
-            await asyncio.wait({waiter, self._stopped()}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not waiter.done():
-                waiter.cancel()
-        return int(plog.head)  # type: ignore[attr-defined]
+    async def _wait(self, plog: Log, seq: int, wait_s: float) -> int:
+        """Wait until the log's head reaches ``seq``, ``wait_s`` passes, or shutdown.
+
+        Per wait (per entry in sync) a future of the log's head watch and a timer, no
+        task (issue 23): the watch, the timer or the shutdown (:meth:`_stopped`)
+        settles the future.
+        """
+        stop = self._stopped()
+        if stop.done():
+            return plog.head
+        watch = plog.watch()
+        fut = watch.future(seq)
+        if not fut.done():
+            timer = asyncio.get_running_loop().call_later(wait_s, _settle, fut)
+            self._waits.add(fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                self._waits.discard(fut)
+                watch.discard(fut)
+        return plog.head
 
     def _stopped(self) -> asyncio.Future[Any]:
-        """Done once ``stopping`` is set: one for every wait of every feed, rather than a
-        task made and cancelled per wait (per entry in sync)."""
+        """Done once ``stopping`` is set, and then settles every feed's wait: one for
+        all the feeds, rather than a task made and cancelled per wait."""
         if self._stop is None or self._stop.get_loop() is not asyncio.get_running_loop():
             self._stop = asyncio.ensure_future(self.stopping.wait())
+            self._stop.add_done_callback(self._stop_waits)
         return self._stop
+
+    def _stop_waits(self, _: asyncio.Future[Any]) -> None:
+        for fut in list(self._waits):
+            _settle(fut)
 
     def _cut(self, feed: Feed, kind: CutKind, reason: str) -> Cut:
         pub = feed.publication
@@ -517,3 +538,9 @@ class FeedManager:
         )
         self.registry.record_cut(pub.name, feed.subscriber, kind, reason)
         return Cut(kind, reason)
+
+
+def _settle(fut: asyncio.Future[int]) -> None:
+    """End a feed's wait for the head (its timeout, or shutdown)."""
+    if not fut.done():
+        fut.set_result(0)

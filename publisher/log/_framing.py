@@ -65,7 +65,9 @@ A 20-byte record header, then the payload::
 
 The record is the unit of durability and of integrity: a reader checks magic, length,
 seq (the expected one: first seq of the segment + position) and CRC of every record it
-returns, and raises CorruptLogError(path, offset) rather than return a damaged entry.
+reads from the file, and raises CorruptLogError(path, offset) rather than return a
+damaged entry.  (The entries appended last are also kept in memory, and read from
+there: ``_recent``.)
 
 Torn tail versus corruption
 ===========================

@@ -21,7 +21,9 @@ from ._framing import (
     encode_records,
 )
 from ._fsutil import fsync_dir, write_all
+from ._recent import Recent
 from ._segment import Segment, create_segment
+from ._watch import HeadWatch
 from .errors import (
     CorruptLogError,
     LogClosedError,
@@ -42,7 +44,8 @@ class Log:
     Thread-safe.  One lock guards the writer state (active segment, seq counters) and
     the list of segments; fsync runs outside it, so appenders that arrive while an
     fsync is running write their records and then share the next fsync (group commit).
-    Readers take a snapshot under the lock and read through per-segment mmaps.
+    Readers take a snapshot under the lock and read through per-segment mmaps, or
+    from memory when they read the last entries appended (``_recent.py``).
 
     Use :func:`open_log` to get one.
     """
@@ -74,6 +77,9 @@ class Log:
         self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
         self._written = active.last_seq
         self._head = active.last_seq
+        self._recent = Recent(active.last_seq + 1)  # the last payloads appended
+        # One head watch per event loop that waits on this log (_watch.py).
+        self._watches: dict[asyncio.AbstractEventLoop, HeadWatch] = {}
         self._syncing = False
         # Framed records appended under "always" and not yet written (see append()).
         self._pending: list[bytes] = []
@@ -169,6 +175,7 @@ class Log:
                     self._fail_locked(exc)
                     raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
             seg.note_written(first, base, starts, len(data))
+            self._recent.add(first, payloads)
             self._written = last = first + len(payloads) - 1
             if self._fsync_policy == "always" and wait:
                 self._wait_durable_locked(last)
@@ -216,8 +223,12 @@ class Log:
             target_count = seg.count
             pending = self._pending
             self._pending = []
-            inflight = self._inflight = self._next_round
-            self._next_round = threading.Condition(self._lock)
+            # The two conditions take turns (no new Condition per round; issue 23, CPU
+            # per entry): the last round's was notified, all its waiters, at that
+            # round's end, and nobody waited on it since (they wait on it only while a
+            # round runs), so it serves the waiters of the round after this one.
+            inflight, self._next_round = self._next_round, self._inflight
+            self._inflight = inflight
             self._inflight_target = target
             error: OSError | None = None
             self._lock.release()
@@ -340,15 +351,18 @@ class Log:
             if self._closed:
                 raise LogClosedError("log is closed", self.directory)
             head = self._head
+            if from_seq > head:
+                return []
+            first_seq = self._first_seq_locked()
+            if from_seq < first_seq:
+                raise PurgedError(self.directory, from_seq, first_seq)
+            recent = self._recent.read(from_seq, head, max_entries, max_bytes)
+            if recent is not None:
+                return recent
             segments = self._segments
             firsts = self._firsts
-            first_seq = self._first_seq_locked()
             # Durable extents of the active segment, consistent with head.
             extents = [(s.durable_last_seq, s.durable_size) for s in segments]
-        if from_seq > head:
-            return []
-        if from_seq < first_seq:
-            raise PurgedError(self.directory, from_seq, first_seq)
         out: list[bytes] = []
         total = 0
         i = bisect_right(firsts, from_seq) - 1
@@ -390,37 +404,35 @@ class Log:
 
         return unsubscribe
 
+    def watch(self) -> HeadWatch:
+        """The head watch of the running event loop (made and registered as a listener
+        on first use; the watches of closed loops are dropped then)."""
+        loop = asyncio.get_running_loop()
+        watch = self._watches.get(loop)
+        if watch is None:
+            with self._lock:
+                for old in [w for w in self._watches.values() if w.loop.is_closed()]:
+                    del self._watches[old.loop]
+                    self._listeners = tuple(cb for cb in self._listeners if cb != old.on_head)
+                watch = self._watches[loop] = HeadWatch(lambda: self._head, loop)
+                self._listeners = (*self._listeners, watch.on_head)
+        return watch
+
     # The timeout parameter is part of the public API the feed codes against.
     async def wait_for(self, seq: int, timeout: float | None = None) -> int:  # noqa: ASYNC109
         """Return the head once it reaches ``seq``, or the current head after ``timeout``."""
         head = self._head
         if head >= seq:
             return head
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[int] = loop.create_future()
-
-        def resolve(h: int) -> None:
-            if not fut.done():
-                fut.set_result(h)
-
-        def on_head(h: int) -> None:
-            if h >= seq and not fut.done():
-                try:
-                    loop.call_soon_threadsafe(resolve, h)
-                except RuntimeError:  # the loop is closed: nobody waits any more
-                    pass
-
-        unsubscribe = self.add_listener(on_head)
+        watch = self.watch()
+        fut = watch.future(seq)
         try:
-            head = self._head
-            if head >= seq:
-                return head
-            try:
-                return await asyncio.wait_for(fut, timeout)
-            except TimeoutError:
-                return self._head
+            async with asyncio.timeout(timeout):
+                return await fut
+        except TimeoutError:
+            return self._head
         finally:
-            unsubscribe()
+            watch.discard(fut)
 
     # -- retention ------------------------------------------------------------
 

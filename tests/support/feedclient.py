@@ -37,6 +37,7 @@ class RawSubscriber:
     details: str = ""
     trailing: tuple[tuple[str, str | bytes], ...] = ()  # the status's trailing metadata
     batches: int = 0
+    heartbeats: list[int] = field(default_factory=list)  # the head of each Heartbeat
     received: list[bytes] = field(default_factory=list)  # every entry's bytes, as sent
     _task: asyncio.Task[None] | None = None
     _channel: grpc.aio.Channel | None = None
@@ -86,6 +87,8 @@ class RawSubscriber:
                     self.acked.set()
                 elif kind == "in_sync":
                     self.in_sync.set()
+                elif kind == "heartbeat":
+                    self.heartbeats.append(msg.heartbeat.head)
         except grpc.aio.AioRpcError:
             pass
         except asyncio.CancelledError:

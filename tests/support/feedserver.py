@@ -37,9 +37,12 @@ class ServedFeeds(Generic[R]):
 
 
 @contextlib.asynccontextmanager
-async def served_feeds(root: Path, registry: type[R]) -> AsyncIterator[ServedFeeds[R]]:
+async def served_feeds(
+    root: Path, registry: type[R], *, heartbeat_s: float = 5.0
+) -> AsyncIterator[ServedFeeds[R]]:
     """Publication "shop" (log and registry under ``root``) served on 127.0.0.1:0."""
-    pub = Publication(PublicationConfig(name="shop", tables=["notes"]), open_log(root / "log"))
+    config = PublicationConfig(name="shop", tables=["notes"], heartbeat_s=heartbeat_s)
+    pub = Publication(config, open_log(root / "log"))
     pub.append(pb.Entry(ops=[schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])]))
     reg = registry(f"sqlite:///{root / 'registry.db'}")
     feeds = FeedManager("pub1", {"shop": pub}, reg)

@@ -219,12 +219,12 @@ async def test_wait_for_returns_when_head_reaches_seq(log: Log):
 
 
 async def test_wait_for_timeout_returns_current_head(log: Log):
-    """On timeout wait_for returns the current head and leaves no listener behind."""
+    """On timeout wait_for returns the current head and leaves no waiter behind."""
     log.append([b"a"])
     started = time.monotonic()
     assert await log.wait_for(5, timeout=0.05) == 1
     assert time.monotonic() - started < 2
-    assert log._listeners == ()
+    assert log.watch().waiting == 0
 
 
 async def test_wait_for_many_waiters(log: Log):

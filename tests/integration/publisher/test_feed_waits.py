@@ -1,0 +1,74 @@
+"""An in-sync feed's waits for the head (publisher/feed.py on publisher/log/_watch.py):
+heartbeats while idle, each new entry as soon as it is durable, the cut at shutdown.
+
+In process: a real log and registry (SQLite files), the real FeedManager behind a
+real gRPC server on port 0, a raw subscriber that acknowledges every batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from common.client import insert_op
+from common.feedstatus import cut_kind
+from common.rpc import txrepl_pb2 as pb
+from publisher.registry import Registry
+from tests.support.feedclient import RawSubscriber
+from tests.support.feedserver import served_feeds
+
+
+async def _reach(check: Callable[[], bool], what: str) -> None:
+    async def reach() -> None:
+        while not check():
+            await asyncio.sleep(0.01)
+
+    try:
+        await asyncio.wait_for(reach(), 60)
+    except TimeoutError:
+        raise AssertionError(f"waited 60 s for {what}") from None
+
+
+async def test_an_idle_feed_sends_heartbeats_then_each_new_entry_as_it_comes(
+    tmp_path: Path,
+) -> None:
+    """While nothing is appended the feed sends heartbeats carrying the head; each
+    entry appended then reaches the subscriber, one after the other."""
+    async with served_feeds(tmp_path, Registry, heartbeat_s=0.1) as served:
+        sub = await RawSubscriber(served.address, "s1").start()
+        try:
+            await asyncio.wait_for(sub.in_sync.wait(), 60)
+            head = served.pub.log.head
+            await _reach(lambda: len(sub.heartbeats) >= 3, "three heartbeats")
+            assert set(sub.heartbeats) == {head}
+            sent = []
+            for i in range(5):
+                entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
+                seq = await asyncio.to_thread(served.pub.append, entry)
+                await sub.wait_level(seq, 60)
+                (stored,) = served.pub.log.read(seq, max_entries=1)
+                sent.append(stored)
+            assert sub.received[-5:] == sent
+            assert sub.level == head + 5
+        finally:
+            await sub.close()
+
+
+async def test_a_feed_waiting_at_the_head_is_cut_at_shutdown(tmp_path: Path) -> None:
+    """A feed waiting for new entries (its heartbeat ten minutes away) ends at once
+    when the publisher shuts down, with the cut's status and kind."""
+    async with served_feeds(tmp_path, Registry, heartbeat_s=600) as served:
+        sub = await RawSubscriber(served.address, "s1").start()
+        try:
+            await asyncio.wait_for(sub.in_sync.wait(), 60)
+            await _reach(lambda: bool(served.feeds._waits), "the feed to wait for the head")
+            served.feeds.stopping.set()
+            code, details = await sub.wait_ended(60)
+            assert code == grpc.StatusCode.ABORTED, details
+            assert "publisher shutting down" in details
+            assert cut_kind(sub.trailing) == pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN
+        finally:
+            await sub.close()
