@@ -121,10 +121,8 @@ class GroupWrites(HeldWrites):
                 self._rolled_back()
                 if grouped:
                     self._abandon()
-                if explain and isinstance(exc, WriterError):
-                    explain[0]()  # GapError when the batch did not follow the level
-                    with contextlib.suppress(psycopg.Error):  # NodeAppeared, if it is that
-                        self._nodes.check(self._connection(), subscription, first_seq)
+                if explain:
+                    self._failed_pipeline(exc, explain[0], subscription, first_seq)
                 raise
             if commit:
                 held.clear()
@@ -134,6 +132,23 @@ class GroupWrites(HeldWrites):
             else:
                 held.hold(subscription, last_seq)
             return written
+
+    def _failed_pipeline(
+        self, exc: BaseException, explain: Callable[[], None], subscription: str, seq: int
+    ) -> None:
+        """After a pipelined batch failed: :class:`GapError` if the level did not
+        match, :class:`NodeAppeared` if the node table appeared (else the caller
+        raises ``exc``); the connection is closed either way: psycopg counts a
+        statement it prepared in the failed pipeline as prepared though the server
+        skipped it ("prepared statement ... does not exist" in the next batch)."""
+        try:
+            if isinstance(exc, WriterError):
+                explain()  # GapError when the batch did not follow the level
+                with contextlib.suppress(psycopg.Error):  # NodeAppeared, if it is that
+                    self._nodes.check(self._connection(), subscription, seq)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
 
     def _republish(self, subscription: str, seq: int, *, before: bool) -> None:
         """Write the rows a committed batch republished, in a transaction with no
