@@ -1420,8 +1420,8 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
 def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     results_dir.mkdir(parents=True, exist_ok=True)
     PROFILE.py_spy, PROFILE.out = cfg.profile or None, results_dir
-    wanted = os.environ.get("TXREPL_BENCH_PROFILE_DAEMONS", "publisher")
-    PROFILE.daemons = tuple(w.strip() for w in wanted.split(",") if w.strip())
+    spied = os.environ.get("TXREPL_BENCH_PROFILE_DAEMONS", "publisher")
+    PROFILE.daemons = tuple(w.strip() for w in spied.split(",") if w.strip())
     print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
     txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 2))  # + a restart's transaction
     catch = txns[: cfg.t + 1]
