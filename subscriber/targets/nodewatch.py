@@ -15,9 +15,10 @@ subscriber/targets/postgres/_pipeline.py).
   answer checks, in its transaction and before its COMMIT, that the table is still
   absent: SQLite reads ``sqlite_master`` after ``BEGIN IMMEDIATE`` (the write lock
   is held, so no publisher can record a node before the COMMIT); PostgreSQL's
-  pipelined batch sends ``SELECT 1 / (to_regclass('txrepl_node') IS NULL)::int``,
-  which fails the transaction when the table is there, and an unpipelined one
-  looks first.
+  pipelined batch adds ``to_regclass('txrepl_node') IS NULL`` to the statement
+  that checks its level (subscriber/targets/postgres/_pipeline.py), which fails
+  the transaction when the table is there, and an unpipelined one looks after
+  locking the level row.
 * When the table has appeared, the batch commits nothing and :class:`NodeAppeared`
   (a :class:`GapError`) goes up to the engine, which reads the node and applies the
   batch again, planned for it (``Applier.apply``).  A table that is present but
@@ -34,10 +35,7 @@ from typing import Any
 from common.origin import node_table_exists, stored_node
 from subscriber.apply.errors import NodeAppeared
 
-__all__ = ["PG_NODE_GUARD", "NodeWatch"]
-
-# Fails (division by zero) when the node table exists: PostgreSQL's pipelined check.
-PG_NODE_GUARD = "SELECT 1 / (to_regclass('txrepl_node') IS NULL)::int"
+__all__ = ["NodeWatch"]
 
 
 class NodeWatch:

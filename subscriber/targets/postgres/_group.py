@@ -25,7 +25,7 @@ from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.nodewatch import PG_NODE_GUARD, NodeWatch
+from subscriber.targets.nodewatch import NodeWatch
 from subscriber.targets.postgres._pipeline import level_guarded, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
@@ -85,11 +85,11 @@ class GroupWrites(HeldWrites):
 
         def body(cur: psycopg.Cursor[Any]) -> int:
             if piped:  # the level checked by the server; one round trip (_pipeline.py)
-                explain.append(
-                    level_guarded(cur, METADATA_SQL, (subscription, incarnation, first_seq))
-                )
-                if self._nodes.absent:  # still no node: else nothing commits (nodewatch.py)
-                    cur.execute(PG_NODE_GUARD)
+                batch = (subscription, incarnation, first_seq)
+                # nodeless: the node table must still be absent, else nothing commits
+                # (nodewatch.py)
+                nodeless = self._nodes.absent
+                explain.append(level_guarded(cur, METADATA_SQL, batch, nodeless=nodeless))
                 return statements(cur)
             if held.open:
                 held.check(subscription, first_seq)

@@ -122,45 +122,83 @@ def _tuples(count: int, width: int) -> sql.Composed:
     return sql.SQL(", ").join([one] * count)
 
 
+# The statements of a rows step, rendered once per shape (the table's schema, the
+# number of deletes and of upserts): composing them with psycopg.sql cost more of an
+# in-sync batch's CPU than sending them.  Bounded: emptied when full.
+_RENDERED: dict[tuple[bytes, int, int], tuple[bytes | None, bytes | None]] = {}
+_RENDERED_MAX = 1024
+
+
+def _statements(
+    cur: psycopg.Cursor[Any], schema: pb.TableSchema, deletes: int, upserts: int
+) -> tuple[bytes | None, bytes | None]:
+    """(DELETE, INSERT ... ON CONFLICT) of a rows step of this shape, as sent."""
+    key = (schema.SerializeToString(), deletes, upserts)
+    got = _RENDERED.get(key)
+    if got is not None:
+        return got
+    names = [c.name for c in schema.columns]
+    keys = [names.index(k) for k in schema.primary_key]
+    delete = upsert = None
+    if deletes:
+        cols = sql.SQL(", ").join(Q(names[i]) for i in keys)
+        delete = (
+            sql.SQL("DELETE FROM {} WHERE ({}) IN ({})")
+            .format(table_sql(schema.table), cols, _tuples(deletes, len(keys)))
+            .as_bytes(cur)
+        )
+    if upserts:
+        source = sql.SQL("VALUES {}").format(_tuples(upserts, len(names)))
+        upsert = upsert_sql(schema, source).as_bytes(cur)
+    if len(_RENDERED) >= _RENDERED_MAX:
+        _RENDERED.clear()
+    _RENDERED[key] = (delete, upsert)
+    return delete, upsert
+
+
 def rows_by_statements(cur: psycopg.Cursor[Any], step: RowsStep) -> int:
     """Write a small rows step: one DELETE, one INSERT ... ON CONFLICT (no fetch)."""
     schema = step.schema
-    names = [c.name for c in schema.columns]
-    keys = [names.index(k) for k in schema.primary_key]
-    table = table_sql(schema.table)
-    if step.deletes.num_rows:
-        cols = sql.SQL(", ").join(Q(names[i]) for i in keys)
-        cur.execute(
-            sql.SQL("DELETE FROM {} WHERE ({}) IN ({})").format(
-                table, cols, _tuples(step.deletes.num_rows, len(keys))
-            ),
-            _texts(step.deletes, schema, keys),
-        )
-    if step.upserts.num_rows:
-        every = list(range(len(names)))
-        source = sql.SQL("VALUES {}").format(_tuples(step.upserts.num_rows, len(names)))
-        cur.execute(upsert_sql(schema, source), _texts(step.upserts, schema, every))
+    delete, upsert = _statements(cur, schema, step.deletes.num_rows, step.upserts.num_rows)
+    if delete is not None:
+        keys = [[c.name for c in schema.columns].index(k) for k in schema.primary_key]
+        cur.execute(delete, _texts(step.deletes, schema, keys))
+    if upsert is not None:
+        cur.execute(upsert, _texts(step.upserts, schema, list(range(len(schema.columns)))))
     return int(step.deletes.num_rows + step.upserts.num_rows)
 
 
-# Fails (division by zero) unless the locked level row is the one the batch follows.
+# Fails (division by zero) unless the locked level row is the one the batch follows
+# (and, for a target known to be no node, unless it still has no node table:
+# subscriber/targets/nodewatch.py; one statement for both).
 _GUARD = (
-    "SELECT 1 / (level = %(level)s AND incarnation IN ('', %(incarnation)s))::int"
+    "SELECT 1 / (level = %(level)s AND incarnation IN ('', %(incarnation)s)"
+    " AND (NOT %(nodeless)s OR to_regclass('txrepl_node') IS NULL))::int"
     " FROM txrepl_subscriptions WHERE subscription = %(subscription)s"
 )
 
 
 def level_guarded(
-    cur: psycopg.Cursor[Any], metadata: MetadataSql, batch: tuple[str, str, int]
+    cur: psycopg.Cursor[Any],
+    metadata: MetadataSql,
+    batch: tuple[str, str, int],
+    *,
+    nodeless: bool = False,
 ) -> Callable[[], None]:
     """Lock the level row and send the server's check of it (module docstring);
-    ``batch``: (subscription, incarnation, first_seq).  Returns ``explain``, to call
-    when the transaction failed: it raises :class:`GapError` when the level read back
-    is not the one the batch follows (else returns, and the caller raises its error)."""
+    ``batch``: (subscription, incarnation, first_seq); ``nodeless``: the check fails
+    too if a node table exists.  Returns ``explain``, to call when the transaction
+    failed: it raises :class:`GapError` when the level read back is not the one the
+    batch follows (else returns, and the caller raises its error)."""
     subscription, incarnation, first_seq = batch
     level_cur = cur.connection.cursor()  # its result must outlive the later statements
     check = metadata.check_later(level_cur, subscription, incarnation, first_seq)
-    params = {"level": first_seq - 1, "incarnation": incarnation, "subscription": subscription}
+    params = {
+        "level": first_seq - 1,
+        "incarnation": incarnation,
+        "nodeless": nodeless,
+        "subscription": subscription,
+    }
     cur.execute(_GUARD, params)
 
     def explain() -> None:
