@@ -31,16 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from common.rpc import txrepl_pb2 as pb
-from common.rpc import txrepl_pb2_grpc as rpc
-from common.serve import GrpcEndpoint
 from publisher import feed as feed_module
-from publisher.config import PublicationConfig
-from publisher.feed import FeedManager
-from publisher.log import open_log
-from publisher.publication import Publication
 from publisher.registry import Registry
-from publisher.service import ReplicationService
 from tests.bench._cpu import process_cpu_s, py_spy
+from tests.support.feedserver import ServedFeeds, served_feeds
 from tests.support.harness import Daemon, Pair
 from tests.support.w1_entries import W1_SCHEMAS, w1_entries
 
@@ -88,26 +82,21 @@ def _backend_pid(dsn: str) -> int | None:
 
 
 async def _measure(root: Path, kind: str, target: str, n: int, spy: str) -> dict[str, Any]:
-    pub = Publication(
-        PublicationConfig(name="shop", tables=["accounts", "orders"]), open_log(root / "log")
-    )
-    pub.append(pb.Entry(ops=[pb.Op(schema=s) for s in W1_SCHEMAS]))
-    reg = Registry(f"sqlite:///{root / 'registry.db'}")
-    feeds = FeedManager("pub1", {"shop": pub}, reg)
-    service = ReplicationService(feeds, {"shop": pub})
-    endpoint = GrpcEndpoint(
-        "127.0.0.1:0",
-        [lambda s: rpc.add_ReplicationServicer_to_server(service, s)],
-        ["txrepl.v1.Replication"],
-    )
-    await endpoint.start()
+    async with served_feeds(root, Registry, W1_SCHEMAS) as served:
+        return await _measure_served(root, kind, target, n, spy, served)
+
+
+async def _measure_served(
+    root: Path, kind: str, target: str, n: int, spy: str, served: ServedFeeds[Registry]
+) -> dict[str, Any]:
+    pub = served.pub
     # The first entry inserts W1's 10,000 accounts: applied in the driver too, so that
     # no JVM starts beside the measure (it is the subscriber's child process).
     apply = {"apply": {"spark_min_rows": 1_000_000}}
     pair = Pair(root, tables=["accounts", "orders"], target_url=target, subscriber_extra=apply)
     sub = Daemon(
         "subscriber",
-        pair.write_subscriber_config(endpoint.address),
+        pair.write_subscriber_config(served.address),
         root / "subscriber" / "subscriber.addr",
         root / "subscriber.log",
     )
@@ -140,10 +129,6 @@ async def _measure(root: Path, kind: str, target: str, n: int, spy: str) -> dict
             us1 = _user_sys(pid)
     finally:
         sub.stop()
-        feeds.stopping.set()
-        await endpoint.stop(1.0)
-        reg.close()
-        pub.log.close()
     assert cpu0 is not None
     assert cpu1 is not None
     row: dict[str, Any] = {
