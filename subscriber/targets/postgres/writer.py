@@ -214,16 +214,15 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
             conn = self._connection()
 
             def settings_then_body(cur: psycopg.Cursor[Any]) -> Any:
-                cur.execute(
-                    "SELECT set_config('session_replication_role', %s, true)",
-                    (self.replication_role,),
-                )
+                # The origin (_origin.py) first, then the settings and its stamp in one
+                # statement: each statement costs an in-sync batch ~30 us of psycopg.
+                fields = [self._origin.use(cur, subscription, self.apply_origin)]
+                fields.append("set_config('session_replication_role', %s, true)")
+                params = [self.replication_role]
                 if self.lock_timeout_s is not None:
-                    cur.execute(
-                        "SELECT set_config('lock_timeout', %s, true)",
-                        (f"{int(self.lock_timeout_s * 1000)}ms",),
-                    )
-                self._origin.use(cur, subscription, self.apply_origin)  # _origin.py
+                    fields.append("set_config('lock_timeout', %s, true)")
+                    params.append(f"{int(self.lock_timeout_s * 1000)}ms")
+                cur.execute("SELECT " + ", ".join(f for f in fields if f), params)
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 return body(cur)
