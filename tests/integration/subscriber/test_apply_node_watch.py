@@ -55,6 +55,29 @@ def test_a_node_recorded_after_the_writer_found_none_applies_none_of_its_entries
     conn.close()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def test_a_node_recorded_meanwhile_is_seen_by_a_batch_that_changes_a_schema(
+    spark: Any, kind: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The same in one batch that also carries a schema op (PostgreSQL writes it
+    outside pipeline mode): the node's own entry is skipped, the other one applied."""
+    writer, conn = _target(kind, request, tmp_path)
+    applier = Applier(spark, writer, subscription="s")
+    applier.apply(1, [entry(schema_op(ITEMS))], incarnation=INC)
+    assert applier.target_node == ""
+    claim_node(conn, kind, "paris", "paris")
+    own = entry(ins("items", 2, "made on paris", None))
+    own.origin = "paris"
+    other = entry(schema_op(ITEMS), ins("items", 3, "made on lyon", None))
+    other.origin = "lyon"
+    assert applier.apply(2, [own, other], incarnation=INC).level == 3
+    rows = conn.execute("SELECT id, name FROM items ORDER BY id").fetchall()
+    assert [tuple(r) for r in rows] == [(3, "made on lyon")]
+    assert applier.target_node == "paris"
+    writer.close()
+    conn.close()
+
+
 @pytest.mark.postgres
 def test_a_small_batch_into_postgresql_waits_on_the_server_once(spark: Any, pg_db: str) -> None:
     """An in-sync batch (a few row changes) into PostgreSQL is one round trip: the
