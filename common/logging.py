@@ -7,6 +7,7 @@ never reach a log line: keys that look like credentials are masked by
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import MutableMapping
@@ -20,7 +21,14 @@ _SECRET_WORDS = ("token", "password", "passwd", "secret", "credential", "authori
 
 
 def _is_secret(key: object) -> bool:
-    return isinstance(key, str) and any(w in key.lower() for w in _SECRET_WORDS)
+    return isinstance(key, str) and _secret_name(key)
+
+
+@functools.lru_cache(maxsize=1024)
+def _secret_name(key: str) -> bool:
+    """Whether a key names a secret: asked per key of every line, answered once per key
+    (a line's keys are a few dozen names, and the test cost ~1 us a key)."""
+    return any(w in key.lower() for w in _SECRET_WORDS)
 
 
 def _masked(value: Any, depth: int = 0) -> Any:

@@ -65,6 +65,7 @@ __all__ = [
     "claim_node",
     "ensure_applying",
     "node_of_pg_origin",
+    "node_table_exists",
     "pg_origin_name",
     "stored_node",
 ]
@@ -100,6 +101,12 @@ def _select(dialect: str) -> str:
     else:
         exists = f"(SELECT to_regclass('{NODE_TABLE}') IS NOT NULL)"
     return f"SELECT CASE WHEN {exists} THEN 1 ELSE 0 END"
+
+
+def node_table_exists(conn: Any, dialect: str) -> bool:
+    """Whether ``conn``'s database has a ``txrepl_node`` table (changes nothing)."""
+    (present,) = conn.execute(_select(dialect)).fetchone()
+    return bool(present)
 
 
 def stored_node(conn: Any, dialect: str) -> str:

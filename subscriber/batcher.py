@@ -137,7 +137,11 @@ class Batcher:
             if self._put is not None and not await self._put_done(self._put, consumer):
                 return False
             self._last = Received(first_seq + i, chunk, head, size=size)
-            self._put = asyncio.ensure_future(self.queue.put(self._last))
+            try:  # no task when there is room (the common case: one per received batch)
+                self.queue.put_nowait(self._last)
+                self._put = None
+            except asyncio.QueueFull:
+                self._put = asyncio.ensure_future(self.queue.put(self._last))
         return True
 
     async def _put_done(self, put: asyncio.Future[None], consumer: asyncio.Task[None]) -> bool:

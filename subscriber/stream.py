@@ -121,6 +121,9 @@ class FeedStream:
         # The token rides on the channel (common.security.aio_channel_factory).
         self.call: Call = rpc.ReplicationStub(channel).Sync()
         self._interrupted = interrupted
+        # One wait for an operator's interruption, shared by every read of the session
+        # (a task per read cost more than the read itself); ended by cancel().
+        self._intr: asyncio.Future[Any] | None = None
 
     async def hello(self, subscriber: str, state: SubscriptionState) -> pb.Welcome:
         """Send Hello from ``state``'s level; the publisher's Welcome, checked."""
@@ -153,14 +156,13 @@ class FeedStream:
     async def read(self, consumer: asyncio.Task[None] | None = None) -> pb.PublisherMessage | None:
         """The next message; None at EOF or when ``consumer`` (the apply) ended first."""
         read = asyncio.ensure_future(self.call.read())
-        intr = asyncio.ensure_future(self._interrupted.wait())
+        intr = self._intr
+        if intr is None or intr.done():
+            intr = self._intr = asyncio.ensure_future(self._interrupted.wait())
         waits: set[asyncio.Future[Any]] = {read, intr}
         if consumer is not None:
             waits.add(consumer)
-        try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            intr.cancel()
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if read in done:
             try:
                 msg = read.result()
@@ -235,3 +237,5 @@ class FeedStream:
 
     def cancel(self) -> None:
         self.call.cancel()
+        if self._intr is not None:
+            self._intr.cancel()

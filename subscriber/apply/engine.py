@@ -100,6 +100,7 @@ from subscriber.apply.entry import AnyEntry, group_half
 from subscriber.apply.errors import (
     ApplyError,
     GapError,
+    NodeAppeared,
     PoisonEntryError,
     TransientError,
 )
@@ -324,6 +325,20 @@ class Applier(Planning, Pieces):
         :class:`ApplyError`, the target's level is :attr:`state`'s after
         :meth:`load_state` (entries committed before the failure stay committed).
         """
+        try:
+            return self._apply_once(first_seq, entries, incarnation, planned, hold)
+        except NodeAppeared:  # recorded since the writer found none: plan for it, once
+            self._node = ""
+            return self._apply_once(first_seq, entries, incarnation, None, hold)
+
+    def _apply_once(
+        self,
+        first_seq: int,
+        entries: Sequence[AnyEntry],
+        incarnation: str,
+        planned: Planned | None,
+        hold: bool,
+    ) -> ApplyResult:
         # -- origins (issue 24, _origin.py): skip the target's own, one origin per write --
         if entries and self._target_node():
             entries, runs = by_origin(entries, self._node)

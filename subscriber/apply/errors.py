@@ -5,6 +5,8 @@ Tree (rooted at :class:`common.errors.TxreplError`)::
     TxreplError
     ├── ApplyError               a batch was not applied; the target is unchanged
     │   ├── GapError             first_seq != level + 1 (or the incarnation changed)
+    │   │   └── NodeAppeared     the target was recorded as a node after the batch was
+    │   │                        planned as for none: planned again (engine.py)
     │   ├── SchemaError          a row does not fit its table's schema, or no schema
     │   │                        yet, or a transform's expression does not analyse
     │   ├── WriterError          the target refused the batch (constraint, I/O, lock)
@@ -43,6 +45,7 @@ from common import errors as common
 __all__ = [
     "ApplyError",
     "GapError",
+    "NodeAppeared",
     "PoisonEntryError",
     "SchemaError",
     "SparkError",
@@ -83,6 +86,12 @@ class ApplyError(common.TxreplError):
 
 class GapError(ApplyError):
     """The batch does not continue the stored level, or belongs to another incarnation."""
+
+
+class NodeAppeared(GapError):
+    """The target's node was recorded since the writer last found none: the batch,
+    planned as for a target that is no node, was rolled back (subscriber/targets/
+    nodewatch.py); the engine reads the node and applies it again."""
 
 
 class SchemaError(ApplyError):

@@ -11,7 +11,7 @@ tests: they measure, and never fail on a number.
     python -m tests.bench pg_capture      # PostgreSQL capture: catch-up, decode, snapshot
 
 Modules: backlog, big_txn, cluster, conflicts, fanout, feed_cpu, log, memory, pg_capture, snapshot,
-sqlite_capture, startup, w1
+sqlite_capture, startup, sub_cpu, w1
 (docs/benchmarks.md has the latest figures of each, with the command and the date;
 conflicts: docs/conflicts.md).
 """

@@ -29,7 +29,8 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            source writer.  Each txrepl daemon's CPU seconds per 1,000 transactions
            of the phase are reported beside it (``_cpu.py``); with
            ``TXREPL_BENCH_PROFILE=<path of py-spy>`` the paced phase also records the
-           publisher (collapsed stacks in the results directory).
+           publisher (collapsed stacks in the results directory;
+           ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both).
 cold       both daemons down while the whole stream (T + 1 transactions) runs on the
            source; then the publisher starts, then the subscriber (txrepl only: the
            native publisher is the source cluster itself): seconds from the
@@ -183,6 +184,9 @@ class _Profile:
     """Where the paced lag phases record the publisher (``TXREPL_BENCH_PROFILE``)."""
 
     py_spy: str | None = None
+    # TXREPL_BENCH_PROFILE_DAEMONS: which daemons ("publisher,subscriber"; default the
+    # publisher) are recorded, one py-spy each
+    daemons: tuple[str, ...] = ("publisher",)
     out: Path = Path(".")
 
 
@@ -1120,18 +1124,19 @@ def _lag_phase(
     scraper = StageScrape(rig.metrics())
     daemons = rig.daemons()
     meter = CpuMeter({kind: d.proc.pid for kind, d in daemons.items() if d.proc is not None})
-    pub = daemons.get("publisher")
-    spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}.txt"
+    spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
+    spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
     with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
         time.sleep(0.3)  # let the poller connect
         before = scraper.take()
         meter.start()
         started = time.time()
-        with py_spy(
-            PROFILE.py_spy if rate is not None else None,
-            pub.proc.pid if pub is not None and pub.proc is not None else None,
-            spy_to,
-        ):
+        with contextlib.ExitStack() as spies:
+            for kind, daemon in spied.items():
+                assert daemon.proc is not None
+                binary = PROFILE.py_spy if rate is not None else None
+                to = Path(f"{spy_to}-{kind}.txt")
+                spies.enter_context(py_spy(binary, daemon.proc.pid, to))
             commits, achieved = run_stream(source, txns, first_id, rate)
             seen = collect(600)
         cpu = meter.stop()
@@ -1415,6 +1420,8 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
 def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     results_dir.mkdir(parents=True, exist_ok=True)
     PROFILE.py_spy, PROFILE.out = cfg.profile or None, results_dir
+    spied = os.environ.get("TXREPL_BENCH_PROFILE_DAEMONS", "publisher")
+    PROFILE.daemons = tuple(w.strip() for w in spied.split(",") if w.strip())
     print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
     txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 2))  # + a restart's transaction
     catch = txns[: cfg.t + 1]

@@ -7,7 +7,7 @@ For tests and benchmarks that drive a real feed with :class:`RawSubscriber`
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -38,12 +38,21 @@ class ServedFeeds(Generic[R]):
 
 @contextlib.asynccontextmanager
 async def served_feeds(
-    root: Path, registry: type[R], *, heartbeat_s: float = 5.0
+    root: Path,
+    registry: type[R],
+    schemas: Sequence[pb.TableSchema] = (),
+    *,
+    heartbeat_s: float = 5.0,
 ) -> AsyncIterator[ServedFeeds[R]]:
-    """Publication "shop" (log and registry under ``root``) served on 127.0.0.1:0."""
-    config = PublicationConfig(name="shop", tables=["notes"], heartbeat_s=heartbeat_s)
+    """Publication "shop" (log and registry under ``root``) served on 127.0.0.1:0;
+    its tables ``schemas`` (default: "notes"), their schema the log's first entry."""
+    ops = [pb.Op(schema=s) for s in schemas] or [
+        schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])
+    ]
+    tables = [op.schema.table for op in ops]
+    config = PublicationConfig(name="shop", tables=tables, heartbeat_s=heartbeat_s)
     pub = Publication(config, open_log(root / "log"))
-    pub.append(pb.Entry(ops=[schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])]))
+    pub.append(pb.Entry(ops=ops))
     reg = registry(f"sqlite:///{root / 'registry.db'}")
     feeds = FeedManager("pub1", {"shop": pub}, reg)
     service = ReplicationService(feeds, {"shop": pub})

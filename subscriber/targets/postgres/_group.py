@@ -12,8 +12,9 @@ stages die with it; the writer makes new ones).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
@@ -24,7 +25,8 @@ from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
-from subscriber.targets.postgres._pipeline import level_checked_last, pipelined
+from subscriber.targets.nodewatch import NodeWatch
+from subscriber.targets.postgres._pipeline import level_guarded, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
@@ -49,6 +51,7 @@ class GroupWrites(HeldWrites):
     conflicts: ConflictGuard | None
     apply_origin: str  # the node the next batch's changes come from
     small_values: int  # rows steps up to this many values per statement: no staging
+    _nodes: NodeWatch  # the target's node (subscriber/targets/nodewatch.py)
 
     def write_held(
         self,
@@ -65,6 +68,7 @@ class GroupWrites(HeldWrites):
         (subscriber/targets/held.py): pieces run as savepoints of one ``BEGIN``.
         ``reexecute``: a stored, skipped entry (subscriber/targets/metadata.py)."""
         held = self._held
+        explain: list[Callable[[], None]] = []  # a pipelined batch's level, read back
 
         def statements(cur: psycopg.Cursor[Any]) -> int:
             written = 0
@@ -80,13 +84,19 @@ class GroupWrites(HeldWrites):
             return written
 
         def body(cur: psycopg.Cursor[Any]) -> int:
-            if piped:  # the level read last, before COMMIT (_pipeline.py)
+            if piped:  # the level checked by the server; one round trip (_pipeline.py)
                 batch = (subscription, incarnation, first_seq)
-                return level_checked_last(cur, METADATA_SQL, batch, lambda: statements(cur))
+                # nodeless: the node table must still be absent, else nothing commits
+                # (nodewatch.py)
+                nodeless = self._nodes.absent
+                explain.append(level_guarded(cur, METADATA_SQL, batch, nodeless=nodeless))
+                return statements(cur)
             if held.open:
                 held.check(subscription, first_seq)
             else:
                 METADATA_SQL.open_batch(cur, subscription, incarnation, first_seq, reexecute)
+                if not reexecute:
+                    self._nodes.check(cur, subscription, first_seq)
             return statements(cur)
 
         with self._lock:
@@ -107,10 +117,12 @@ class GroupWrites(HeldWrites):
                 self._rolled_back()
                 self._abandon()
                 raise self._refused(exc, self._conn, "the group", subscription, first_seq) from exc
-            except BaseException:
+            except BaseException as exc:
                 self._rolled_back()
                 if grouped:
                     self._abandon()
+                if explain:
+                    self._failed_pipeline(exc, explain[0], subscription, first_seq)
                 raise
             if commit:
                 held.clear()
@@ -120,6 +132,23 @@ class GroupWrites(HeldWrites):
             else:
                 held.hold(subscription, last_seq)
             return written
+
+    def _failed_pipeline(
+        self, exc: BaseException, explain: Callable[[], None], subscription: str, seq: int
+    ) -> None:
+        """After a pipelined batch failed: :class:`GapError` if the level did not
+        match, :class:`NodeAppeared` if the node table appeared (else the caller
+        raises ``exc``); the connection is closed either way: psycopg counts a
+        statement it prepared in the failed pipeline as prepared though the server
+        skipped it ("prepared statement ... does not exist" in the next batch)."""
+        try:
+            if isinstance(exc, WriterError):
+                explain()  # GapError when the batch did not follow the level
+                with contextlib.suppress(psycopg.Error):  # NodeAppeared, if it is that
+                    self._nodes.check(self._connection(), subscription, seq)
+        finally:
+            if self._conn is not None:
+                self._conn.close()
 
     def _republish(self, subscription: str, seq: int, *, before: bool) -> None:
         """Write the rows a committed batch republished, in a transaction with no

@@ -26,6 +26,10 @@ from common.origin import pg_origin_name
 
 __all__ = ["SessionOrigin"]
 
+# Gives the transaction a commit time: with an origin set, decoding reports the
+# origin's timestamp as the commit time, 0 unless set here (per transaction).
+_STAMP = "pg_replication_origin_xact_setup('0/0', now())"
+
 
 class SessionOrigin:
     """The replication origin set on one writer connection."""
@@ -33,15 +37,15 @@ class SessionOrigin:
     def __init__(self) -> None:
         self._set: tuple[int, str] | None = None  # (backend pid, origin name)
 
-    def use(self, cur: psycopg.Cursor[Any], subscription: str, origin: str) -> None:
+    def use(self, cur: psycopg.Cursor[Any], subscription: str, origin: str) -> str:
         """Make the session's origin the one of ``origin`` ("": none), in ``cur``'s
-        transaction."""
+        transaction.  Returns the SQL expression the caller selects in the same
+        transaction (with its other settings, one statement) to stamp it, or ""."""
         pid = cur.connection.info.backend_pid
         wanted = pg_origin_name(origin, subscription) if origin else ""
         now = self._set[1] if self._set is not None and self._set[0] == pid else ""
         if wanted == now:
-            self._stamp(cur, wanted)
-            return
+            return _STAMP if wanted else ""
         self._set = None
         if now:
             cur.execute("SELECT pg_replication_origin_session_reset()")
@@ -53,14 +57,8 @@ class SessionOrigin:
             )
             cur.execute("SELECT pg_replication_origin_session_setup(%s)", (wanted,))
             self._set = (pid, wanted)
-            self._stamp(cur, wanted)
-
-    @staticmethod
-    def _stamp(cur: psycopg.Cursor[Any], wanted: str) -> None:
-        """Give the transaction a commit time: with an origin set, decoding reports the
-        origin's timestamp as the commit time, 0 unless set here (per transaction)."""
-        if wanted:
-            cur.execute("SELECT pg_replication_origin_xact_setup('0/0', now())")
+            return _STAMP
+        return ""
 
     def forget(self, conn: psycopg.Connection[Any] | None) -> None:
         """The transaction failed: reset the session's origin if it can be, and forget it."""

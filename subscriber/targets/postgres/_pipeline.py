@@ -1,8 +1,8 @@
-"""Small batches into PostgreSQL in two round trips: statements, then COMMIT (issue 23).
+"""Small batches into PostgreSQL in one round trip: BEGIN to COMMIT sent at once (issue 23).
 
 A 1-20 entry in-sync batch used to cost ~16 client round trips (the level check,
 a staging COPY and a merge per table and kind, a savepoint around the fresh rows'
-COPY, the level row, COMMIT: a COPY alone is two).  Two changes bring it to two:
+COPY, the level row, COMMIT: a COPY alone is two).  Three changes bring it to one:
 
 **Rows by statements.**  A rows step of at most :data:`SMALL_PARAMS` values per
 statement is written without staging: its deletes as ``DELETE FROM t WHERE (k...)
@@ -22,24 +22,35 @@ schema, truncate, SQL, call or history step, no JDBC stage, no conflict check, n
 a piece of a held group nor a re-execution), the batch's transaction runs in
 psycopg's pipeline mode: BEGIN, the session settings, the level row's lock
 (``INSERT ... ON CONFLICT DO NOTHING``; ``SELECT ... FOR UPDATE`` on a cursor of
-its own), the statements, ``setval`` of the sequences and the level row's update
-are sent without waiting; reading the locked level (at the end, before COMMIT) is
-the first wait, and COMMIT the second.  BEGIN and COMMIT are sent as statements
-(:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the pipeline four
-times more.
+its own), the level guard (below), the statements, ``setval`` of the sequences,
+the level row's update and COMMIT are sent without waiting, and the results are
+read once, when the pipeline ends: one round trip (the first time a table is
+written, reading its owned sequences adds one).  BEGIN and COMMIT are sent as
+statements (:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the
+pipeline four times more.
 
-Why the level check may come last.  The server runs the statements in the order
-sent, so the level row is locked before any row is written, exactly as before: a
-second applier on the same subscription still waits at that lock.  Nothing is
-visible before COMMIT, and COMMIT is sent only after the level read back is the
-one the batch follows (``first_seq - 1``, same incarnation): a mismatch raises
-:class:`GapError` and the transaction rolls back, so a batch that does not follow
-the level commits nothing, as when it was refused first.  What changes is which
-error a batch that both mismatches and fails sees: the statement's error arrives
-first, so on a driver error the level is read too (its result precedes the failed
-statement's) and a mismatch is the error raised, as before, instead of a row
-error that would send the entry to the error queue.  A statement that fails
-makes the server skip the rest until the sync; nothing is committed either way.
+**The level checked by the server** (:func:`level_guarded`).  Right after the
+level row's lock, one statement divides by zero unless the locked row holds
+``first_seq - 1`` and the batch's incarnation (or none yet)::
+
+    SELECT 1 / (level = <first_seq - 1> AND incarnation IN ('', <incarnation>))::int
+      FROM txrepl_subscriptions WHERE subscription = <subscription>
+
+Why that is the check it replaces.  The server runs the statements in the order
+sent, so the level row is locked before the guard and before any row is written,
+exactly as before: a second applier on the same subscription waits at that lock,
+and the guard reads the row as locked (the lock is held, nobody else can change
+it).  When the guard fails, the server skips every later statement of the
+pipeline until its sync, COMMIT included: nothing is written, nothing committed,
+and the transaction is rolled back.  The client then tells a gap from any other
+error by the level row it read back (the lock's SELECT, whose result precedes the
+guard's): a mismatch raises :class:`GapError`, as when the level was read first,
+and a batch that both mismatches and fails on a row reports the gap, never a row
+error that would send the entry to the error queue.  Rejected: reading the level
+back before sending COMMIT (the previous way: two round trips, and the second
+wait held the row locks across a round trip); a function installed in every
+target to raise on a mismatch (an object to install and upgrade; the division
+needs none).
 """
 
 from __future__ import annotations
@@ -62,7 +73,7 @@ from subscriber.targets.postgres._names import table_sql
 
 __all__ = [
     "SMALL_PARAMS",
-    "level_checked_last",
+    "level_guarded",
     "pipelined",
     "rows_by_statements",
     "run_pipelined",
@@ -111,48 +122,91 @@ def _tuples(count: int, width: int) -> sql.Composed:
     return sql.SQL(", ").join([one] * count)
 
 
+# The statements of a rows step, rendered once per shape (the table's schema, the
+# number of deletes and of upserts): composing them with psycopg.sql cost more of an
+# in-sync batch's CPU than sending them.  Bounded: emptied when full.
+_RENDERED: dict[tuple[bytes, int, int], tuple[bytes | None, bytes | None]] = {}
+_RENDERED_MAX = 1024
+
+
+def _statements(
+    cur: psycopg.Cursor[Any], schema: pb.TableSchema, deletes: int, upserts: int
+) -> tuple[bytes | None, bytes | None]:
+    """(DELETE, INSERT ... ON CONFLICT) of a rows step of this shape, as sent."""
+    key = (schema.SerializeToString(), deletes, upserts)
+    got = _RENDERED.get(key)
+    if got is not None:
+        return got
+    names = [c.name for c in schema.columns]
+    keys = [names.index(k) for k in schema.primary_key]
+    delete = upsert = None
+    if deletes:
+        cols = sql.SQL(", ").join(Q(names[i]) for i in keys)
+        delete = (
+            sql.SQL("DELETE FROM {} WHERE ({}) IN ({})")
+            .format(table_sql(schema.table), cols, _tuples(deletes, len(keys)))
+            .as_bytes(cur)
+        )
+    if upserts:
+        source = sql.SQL("VALUES {}").format(_tuples(upserts, len(names)))
+        upsert = upsert_sql(schema, source).as_bytes(cur)
+    if len(_RENDERED) >= _RENDERED_MAX:
+        _RENDERED.clear()
+    _RENDERED[key] = (delete, upsert)
+    return delete, upsert
+
+
 def rows_by_statements(cur: psycopg.Cursor[Any], step: RowsStep) -> int:
     """Write a small rows step: one DELETE, one INSERT ... ON CONFLICT (no fetch)."""
     schema = step.schema
-    names = [c.name for c in schema.columns]
-    keys = [names.index(k) for k in schema.primary_key]
-    table = table_sql(schema.table)
-    if step.deletes.num_rows:
-        cols = sql.SQL(", ").join(Q(names[i]) for i in keys)
-        cur.execute(
-            sql.SQL("DELETE FROM {} WHERE ({}) IN ({})").format(
-                table, cols, _tuples(step.deletes.num_rows, len(keys))
-            ),
-            _texts(step.deletes, schema, keys),
-        )
-    if step.upserts.num_rows:
-        every = list(range(len(names)))
-        source = sql.SQL("VALUES {}").format(_tuples(step.upserts.num_rows, len(names)))
-        cur.execute(upsert_sql(schema, source), _texts(step.upserts, schema, every))
+    delete, upsert = _statements(cur, schema, step.deletes.num_rows, step.upserts.num_rows)
+    if delete is not None:
+        keys = [[c.name for c in schema.columns].index(k) for k in schema.primary_key]
+        cur.execute(delete, _texts(step.deletes, schema, keys))
+    if upsert is not None:
+        cur.execute(upsert, _texts(step.upserts, schema, list(range(len(schema.columns)))))
     return int(step.deletes.num_rows + step.upserts.num_rows)
 
 
-def level_checked_last(
+# Fails (division by zero) unless the locked level row is the one the batch follows
+# (and, for a target known to be no node, unless it still has no node table:
+# subscriber/targets/nodewatch.py; one statement for both).
+_GUARD = (
+    "SELECT 1 / (level = %(level)s AND incarnation IN ('', %(incarnation)s)"
+    " AND (NOT %(nodeless)s OR to_regclass('txrepl_node') IS NULL))::int"
+    " FROM txrepl_subscriptions WHERE subscription = %(subscription)s"
+)
+
+
+def level_guarded(
     cur: psycopg.Cursor[Any],
     metadata: MetadataSql,
     batch: tuple[str, str, int],
-    statements: Callable[[], int],
-) -> int:
-    """Lock the level row, run ``statements()``, then check the level (before the
-    caller's COMMIT); on a driver error a level mismatch is raised instead.
-    ``batch``: (subscription, incarnation, first_seq)."""
+    *,
+    nodeless: bool = False,
+) -> Callable[[], None]:
+    """Lock the level row and send the server's check of it (module docstring);
+    ``batch``: (subscription, incarnation, first_seq); ``nodeless``: the check fails
+    too if a node table exists.  Returns ``explain``, to call when the transaction
+    failed: it raises :class:`GapError` when the level read back is not the one the
+    batch follows (else returns, and the caller raises its error)."""
     subscription, incarnation, first_seq = batch
     level_cur = cur.connection.cursor()  # its result must outlive the later statements
     check = metadata.check_later(level_cur, subscription, incarnation, first_seq)
-    try:
-        written = statements()
-        check()
-    except psycopg.Error:
+    params = {
+        "level": first_seq - 1,
+        "incarnation": incarnation,
+        "nodeless": nodeless,
+        "subscription": subscription,
+    }
+    cur.execute(_GUARD, params)
+
+    def explain() -> None:
         result = level_cur.pgresult
         if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
-            check()  # GapError (from the driver's error) when the level does not match
-        raise
-    return written
+            check()  # GapError when the level does not match
+
+    return explain
 
 
 def run_pipelined(conn: psycopg.Connection[Any], body: Callable[[psycopg.Cursor[Any]], R]) -> R:

@@ -62,7 +62,6 @@ import structlog
 from psycopg import sql
 
 from common import values
-from common.origin import stored_node
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import TransientError, WriterError
 from subscriber.apply.writer import (
@@ -78,6 +77,7 @@ from subscriber.apply.writer import (
 from subscriber.targets.conflicts import ConflictGuard, guarded_rows
 from subscriber.targets.error_queue import ErrorQueue
 from subscriber.targets.held import Held
+from subscriber.targets.nodewatch import NodeWatch
 from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
@@ -177,6 +177,7 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
         self._told_present = False  # warned once: fresh rows found on the target
         self._jdbc: JdbcStager | None = None
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
+        self._nodes = NodeWatch("postgresql")  # the target's node (targets/nodewatch.py)
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
         self._origin = SessionOrigin()
         self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
@@ -213,16 +214,15 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
             conn = self._connection()
 
             def settings_then_body(cur: psycopg.Cursor[Any]) -> Any:
-                cur.execute(
-                    "SELECT set_config('session_replication_role', %s, true)",
-                    (self.replication_role,),
-                )
+                # The origin (_origin.py) first, then the settings and its stamp in one
+                # statement: each statement costs an in-sync batch ~30 us of psycopg.
+                fields = [self._origin.use(cur, subscription, self.apply_origin)]
+                fields.append("set_config('session_replication_role', %s, true)")
+                params = [self.replication_role]
                 if self.lock_timeout_s is not None:
-                    cur.execute(
-                        "SELECT set_config('lock_timeout', %s, true)",
-                        (f"{int(self.lock_timeout_s * 1000)}ms",),
-                    )
-                self._origin.use(cur, subscription, self.apply_origin)  # _origin.py
+                    fields.append("set_config('lock_timeout', %s, true)")
+                    params.append(f"{int(self.lock_timeout_s * 1000)}ms")
+                cur.execute("SELECT " + ", ".join(f for f in fields if f), params)
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 return body(cur)
@@ -260,8 +260,8 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
     def node(self) -> str:
         """The node this target is, as its publisher recorded it ("" if none)."""
         with self._lock:
-            try:
-                return stored_node(self._connection(), "postgresql")
+            try:  # known absent: no query, each batch checks (subscriber/targets/nodewatch.py)
+                return self._nodes.read(self._connection())
             except psycopg.Error:
                 return ""  # asked again with the next batch
 

@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from common import values
 from common.names import parse_table, quote_ident
-from common.origin import ensure_applying, stored_node
+from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.writer import (
@@ -62,6 +62,7 @@ from subscriber.targets.conflicts import ConflictGuard, guarded_rows
 from subscriber.targets.error_queue import ErrorQueue
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
+from subscriber.targets.nodewatch import NodeWatch
 from subscriber.targets.procedures import Procedure, load_procedures
 from subscriber.targets.sqlite._constraints import SqliteOrderedTables, refused_row
 from subscriber.targets.sqlite._ddl import follow_clauses, follow_indexes, table_clauses
@@ -250,14 +251,16 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
         self._lock = threading.Lock()
         self._guard = TriggerGuard()
         self._held = Held()  # a group applied in pieces (subscriber/targets/held.py)
+        self._nodes = NodeWatch("sqlite")  # the target's node (subscriber/targets/nodewatch.py)
         self.apply_origin = ""  # the node the next batch's changes come from (engine sets)
         self.conflicts: ConflictGuard | None = None  # updatable subscriptions' checks
 
     @property
     def node(self) -> str:
-        """The node this target is, as its publisher recorded it ("" if none)."""
+        """The node this target is, as its publisher recorded it ("" if none; known
+        absent, checked in each batch's transaction instead: nodewatch.py)."""
         with self._lock:
-            return stored_node(self._conn, "sqlite")
+            return self._nodes.read(self._conn)
 
     def close(self) -> None:
         with self._lock:
@@ -300,6 +303,8 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
                     self._held.check(subscription, first_seq)
                 else:
                     conn.execute("BEGIN IMMEDIATE")
+                    if not reexecute:  # under the write lock: no node recorded meanwhile
+                        self._nodes.check(conn, subscription, first_seq)
                     METADATA_SQL.open_batch(conn, subscription, incarnation, first_seq, reexecute)
                     self._guard.ensure(conn)
                     conn.execute(
