@@ -33,7 +33,8 @@ the next tick, and a tick needs an entry of its own: a seq without row changes);
 rolled-back and deleted ids).
 
 Cost: the owned sequences of a table are read from the catalog once per table and
-session; a transaction inserting into tables without one costs nothing; otherwise one
+session; a transaction inserting into tables without one costs nothing (not even the
+catalog lock); otherwise one
 query per commit (all its sequences at once).  ``last_value`` is NULL (the position
 is not carried) for a sequence never drawn from or one the capture role may not read.
 """
@@ -86,10 +87,14 @@ class SequencePositions:
 
     def read(self, tables: Iterable[TableName]) -> list[pb.SequencePosition]:
         """The positions of the sequences owned by ``tables``' columns, in table order."""
+        tables = dict.fromkeys(tables)
+        known = self._owned
+        if all(known.get(t.display) == [] for t in tables):
+            return []  # every table known to own no sequence: no lock, no query
         wanted: list[tuple[str, str, int]] = []
         with self._lock:
             conn = self._conn()
-            for t in dict.fromkeys(tables):
+            for t in tables:
                 owned = self._owned.get(t.display)
                 if owned is None:
                     rows = conn.execute(_OWNED, (t.sql,)).fetchall()

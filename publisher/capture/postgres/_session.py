@@ -59,8 +59,8 @@ from publisher.capture.postgres._pgoutput import (
     Update,
     parse_pgoutput,
 )
-from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
+from publisher.capture.postgres._pgwire import RowWriter, entry_of
 from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._state import (
     PendingSnapshot,
@@ -77,6 +77,7 @@ __all__ = ["Flusher", "Session", "last_before"]
 log = structlog.get_logger(__name__)
 
 _MARKS = (BEGIN_PREFIX, END_PREFIX)  # procedure call marks (common/calls.py)
+_ROWS = (Insert, Update, Delete)
 
 
 class Session(SnapshotCrossing):
@@ -182,7 +183,9 @@ class Session(SnapshotCrossing):
 
     def _handle(self, payload: bytes) -> None:
         for ev in self._events(payload):
-            if isinstance(ev, Begin):
+            if isinstance(ev, _ROWS):  # first: most messages are row changes
+                self._change(ev)
+            elif isinstance(ev, Begin):
                 self._cross(ev.final_lsn)
                 self.txn = Txn(ev.final_lsn, ev.commit_time_us)
             elif isinstance(ev, Commit):
@@ -194,8 +197,6 @@ class Session(SnapshotCrossing):
                     self.prev_shapes[ev.oid] = prev.shape
                 self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
                 self.sequences.forget(self.rels[ev.oid].name.display)  # its columns changed
-            elif isinstance(ev, Insert | Update | Delete):
-                self._change(ev)
             elif isinstance(ev, Truncate):
                 self._truncate(ev)
             elif isinstance(ev, Origin) and self.txn is not None:
@@ -237,8 +238,8 @@ class Session(SnapshotCrossing):
             )
             if scope.begin(call, ready):
                 assert call is not None
-                op = pb.Op(call=call)
-                size = op.ByteSize() + 6
+                op = pb.Op(call=call).SerializeToString()
+                size = len(op) + 6
                 if self._room(ps, pb.RowChange(table=f"call {call.name}"), size, ()):
                     txn.ops.setdefault(name, []).append(op)
                     txn.sizes[name] += size
@@ -248,20 +249,24 @@ class Session(SnapshotCrossing):
             r.shape = self.cap._cat().shape(r.name, r.rel.columns, self.prev_shapes.get(r.rel.oid))
         return r.shape
 
-    def _ops(self, ps: PubState, tab: TableState, shape: TableShape) -> list[pb.Op]:
+    def _ops(self, ps: PubState, tab: TableState, shape: TableShape) -> list[bytes]:
         txn = self.txn
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
+        if tab.seen is shape and tab.logged is tab.seen_schema:
+            return ops  # the shape of the last row, its schema logged: nothing to compare
         schema = for_publication(shape.schema, ps.tables)
-        # ``is``: the schema object itself, as logged last, on every row of the
-        # table (no foreign key to drop); comparing contents costs per row.
-        if tab.logged is not schema and tab.logged != schema:
+        tab.seen = shape
+        if tab.logged is schema or tab.logged == schema:
+            tab.seen_schema = tab.logged
+        else:
+            tab.seen_schema = schema
             if tab.logged is not None and needs_copy(
                 tab.logged, schema, lambda names: self.cap._cat().filled(tab.name, names)
             ):
                 txn.recopy.append((ps.pub.name, tab.name.display))
-            ops.append(pb.Op(schema=schema))
-            txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
+            ops.append(pb.Op(schema=schema).SerializeToString())
+            txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + len(ops[-1]) + 6
             tab.logged = schema
             txn.logged.append((ps.pub.name, schema.table, schema))
         return ops
@@ -287,46 +292,45 @@ class Session(SnapshotCrossing):
         if not targets:
             return
         shape = self._shape(r)
-        infos = shape.infos
-        op = pb.Op()
-        rc = op.row  # filled in place: pb.Op(row=rc) would copy every value
-        rc.table = r.name.display
+        writer = r.writer
+        if writer is None:
+            writer = r.writer = RowWriter(r.name.display, shape.infos, shape.key_idx)
         if isinstance(ev, Insert):
-            rc.op = pb.ROW_OP_INSERT
-            rc.row.extend(to_value(_text(d), i) for d, i in zip(ev.new, infos, strict=True))
+            op = writer.insert(ev.new)
         elif isinstance(ev, Update):
-            rc.op = pb.ROW_OP_UPDATE
-            new = ev.new
-            if UNCHANGED in new and ev.old is None and self._copy_instead(r, targets):
-                return
+            new, old = ev.new, ev.old
             if UNCHANGED in new:
-                new = self._fill_unchanged(r, new, ev.old)
-            key_src = ev.old if ev.old is not None else new
-            rc.key.extend(to_value(_text(key_src[k]), infos[k]) for k in shape.key_idx)
-            rc.row.extend(to_value(_text(d), i) for d, i in zip(new, infos, strict=True))
+                if old is None and self._copy_instead(r, targets):
+                    return
+                new = self._fill_unchanged(r, new, old)
+            op = writer.update(old if old is not None else new, new)
         else:
-            rc.op = pb.ROW_OP_DELETE
-            rc.key.extend(to_value(_text(ev.old[k]), infos[k]) for k in shape.key_idx)
+            op = writer.delete(ev.old)
         self.cap.changes += 1
-        size = op.ByteSize() + 6  # with its tag and length in the entry
+        inserting = isinstance(ev, Insert)
+        size = len(op) + 6  # with its tag and length in the entry (an Op's ByteSize + 6)
+        txn = self.txn
+        assert txn is not None
         for ps, tab in targets:
-            if self._room(ps, rc, size, shape.key_idx):
+            if self._room(ps, op, size, shape.key_idx):
                 self._ops(ps, tab, shape).append(op)
-                txn = self.txn
-                assert txn is not None
                 txn.sizes[ps.pub.name] += size
-                if rc.op == pb.ROW_OP_INSERT:
+                if inserting:
                     txn.inserted.setdefault(ps.pub.name, {})[r.name] = None
 
-    def _room(self, ps: PubState, rc: pb.RowChange, size: int, key_idx: Sequence[int]) -> bool:
+    def _room(
+        self, ps: PubState, op: pb.RowChange | bytes, size: int, key_idx: Sequence[int]
+    ) -> bool:
         """Make room for an op of ``size`` bytes: send a fragment if it would not fit.
 
-        False when the op alone is over the limit: the publication is refused.
+        False when the op alone is over the limit: the publication is refused (``op``,
+        a serialized row Op or the RowChange that names it, says which row).
         """
         txn = self.txn
         assert txn is not None
         name, limit = ps.pub.name, self.cap.max_entry_bytes
         if size > limit:
+            rc = op if isinstance(op, pb.RowChange) else pb.Op.FromString(op).row
             self._refuse(name, rc, key_idx, size)
             txn.ops.pop(name, None)
             group = txn.groups.pop(name, None)
@@ -335,8 +339,9 @@ class Session(SnapshotCrossing):
             return False
         held = txn.sizes.setdefault(name, 0)
         if held and held + size > limit:
-            entry = pb.Entry(commit_time_us=txn.commit_time_us, origin=txn.origin)
-            entry.ops.extend(txn.ops.pop(name))
+            entry = entry_of(txn.ops.pop(name))
+            entry.commit_time_us = txn.commit_time_us
+            entry.origin = txn.origin
             txn.sizes[name] = 0
             group = txn.groups.get(name)
             if group is None:
@@ -394,7 +399,7 @@ class Session(SnapshotCrossing):
                 rc = pb.RowChange(
                     table=r.name.display, op=pb.ROW_OP_TRUNCATE, truncate_options=options
                 )
-                ops.append(pb.Op(row=rc))
+                ops.append(pb.Op(row=rc).SerializeToString())
 
     def _commit(self, ev: Commit) -> None:
         txn = self.txn
@@ -406,8 +411,9 @@ class Session(SnapshotCrossing):
             if not ops:
                 continue
             ps = self.state[pubname]
-            entry = pb.Entry(commit_time_us=ev.commit_time_us, origin=txn.origin)
-            entry.ops.extend(ops)
+            entry = entry_of(ops)
+            entry.commit_time_us = ev.commit_time_us
+            entry.origin = txn.origin
             if positions and pubname in txn.inserted:
                 mine = {t.display for t in txn.inserted[pubname]}
                 entry.sequences.extend(p for p in positions if p.table in mine)
@@ -477,9 +483,3 @@ class Session(SnapshotCrossing):
         self.cur.send_feedback(flush_lsn=lsn, write_lsn=lsn)
         self.confirmed = lsn
         self.last_feedback = now
-
-
-def _text(d: Datum) -> str | None:
-    if d is UNCHANGED:
-        raise SourceError("unchanged TOAST value where a full value is needed")
-    return d  # type: ignore[return-value]
