@@ -26,7 +26,7 @@ from __future__ import annotations
 import select
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -175,36 +175,40 @@ class Session(SnapshotCrossing):
 
     # -- stream events ---------------------------------------------------------------
 
-    def _events(self, payload: bytes) -> Iterable[Event]:
-        if self.wal2json is not None:
-            return self.wal2json.decode(payload)
-        ev = parse_pgoutput(payload)
-        return () if ev is None else (ev,)
-
     def _handle(self, payload: bytes) -> None:
-        for ev in self._events(payload):
-            if isinstance(ev, _ROWS):  # first: most messages are row changes
-                self._change(ev)
-            elif isinstance(ev, Begin):
-                self._cross(ev.final_lsn)
-                self.txn = Txn(ev.final_lsn, ev.commit_time_us)
-            elif isinstance(ev, Commit):
-                self._commit(ev)
-            elif isinstance(ev, Relation):
-                prev = self.rels.get(ev.oid)
-                if prev is not None and prev.shape is not None:
-                    # its key stands in if the table is gone from the catalog by now
-                    self.prev_shapes[ev.oid] = prev.shape
-                self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
-                self.sequences.forget(self.rels[ev.oid].name.display)  # its columns changed
-            elif isinstance(ev, Truncate):
-                self._truncate(ev)
-            elif isinstance(ev, Origin) and self.txn is not None:
-                self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
-            elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
-                self._ddl(ev.content.decode())
-            elif isinstance(ev, Message) and ev.prefix in _MARKS and self.txn is not None:
-                self._call(ev)
+        if self.wal2json is not None:
+            for ev in self.wal2json.decode(payload):
+                self._event(ev)
+            return
+        event = parse_pgoutput(payload)
+        if isinstance(event, _ROWS):  # most messages are row changes
+            self._change(event)
+        elif event is not None:
+            self._event(event)
+
+    def _event(self, ev: Event) -> None:
+        if isinstance(ev, _ROWS):
+            self._change(ev)
+        elif isinstance(ev, Begin):
+            self._cross(ev.final_lsn)
+            self.txn = Txn(ev.final_lsn, ev.commit_time_us)
+        elif isinstance(ev, Commit):
+            self._commit(ev)
+        elif isinstance(ev, Relation):
+            prev = self.rels.get(ev.oid)
+            if prev is not None and prev.shape is not None:
+                # its key stands in if the table is gone from the catalog by now
+                self.prev_shapes[ev.oid] = prev.shape
+            self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
+            self.sequences.forget(self.rels[ev.oid].display)  # its columns changed
+        elif isinstance(ev, Truncate):
+            self._truncate(ev)
+        elif isinstance(ev, Origin) and self.txn is not None:
+            self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
+        elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
+            self._ddl(ev.content.decode())
+        elif isinstance(ev, Message) and ev.prefix in _MARKS and self.txn is not None:
+            self._call(ev)
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -288,13 +292,13 @@ class Session(SnapshotCrossing):
         r = self.rels.get(ev.oid)
         if r is None:
             raise SourceError(f"change for relation {ev.oid} before its relation message")
-        targets = self._targets(r.name.display)
+        targets = self._targets(r.display)
         if not targets:
             return
         shape = self._shape(r)
         writer = r.writer
         if writer is None:
-            writer = r.writer = RowWriter(r.name.display, shape.infos, shape.key_idx)
+            writer = r.writer = RowWriter(r.display, shape.infos, shape.key_idx)
         if isinstance(ev, Insert):
             op = writer.insert(ev.new)
         elif isinstance(ev, Update):
@@ -406,7 +410,11 @@ class Session(SnapshotCrossing):
         if txn is None:
             raise SourceError("commit without a transaction in the stream")
         self.txn = None
-        positions = self.sequences.read(t for ts in txn.inserted.values() for t in ts)
+        positions = (
+            self.sequences.read(t for ts in txn.inserted.values() for t in ts)
+            if txn.inserted
+            else ()
+        )
         for pubname, ops in txn.ops.items():
             if not ops:
                 continue

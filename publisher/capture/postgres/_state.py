@@ -75,6 +75,10 @@ class RelState:
     rel: Relation
     shape: TableShape | None = None  # resolved on first use
     writer: RowWriter | None = None  # its rows' wire bytes (_pgwire.py), with the shape
+    display: str = ""  # ``name.display``, made once rather than per row
+
+    def __post_init__(self) -> None:
+        self.display = self.name.display
 
 
 @dataclass(slots=True)
