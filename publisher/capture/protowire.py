@@ -20,7 +20,6 @@ import struct
 __all__ = [
     "BLOB_TAG",
     "BOOLEAN_TAG",
-    "DATE_TAG",
     "DECIMAL_TAG",
     "FLOAT_TAG",
     "INT_TAG",
@@ -28,8 +27,6 @@ __all__ = [
     "NULL",
     "SMALL",
     "TEXT_TAG",
-    "TIMESTAMP_TAG",
-    "TIME_TAG",
     "TZ_TAG",
     "double",
     "length",
@@ -46,9 +43,6 @@ FLOAT_TAG = b"\x21"  # field 4, 64-bit
 TEXT_TAG = b"\x2a"  # field 5, length-delimited
 BLOB_TAG = b"\x32"  # field 6
 BOOLEAN_TAG = b"\x38"  # field 7, varint
-DATE_TAG = b"\x40"  # field 8, sint32
-TIME_TAG = b"\x48"  # field 9, sint64
-TIMESTAMP_TAG = b"\x50"  # field 10, sint64
 TZ_TAG = b"\x5a"  # field 11, a TimestampTz message: utc_us 1, offset_s 2 (sint)
 JSON_TAG = b"\x62"  # field 12
 

@@ -44,6 +44,7 @@ text; an unchanged TOAST marker where a value is needed is refused.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable, Sequence
 
 from common.rpc import txrepl_pb2 as pb
@@ -63,46 +64,43 @@ from publisher.capture.postgres._pgtypes import (
 from publisher.capture.protowire import (
     BLOB_TAG,
     BOOLEAN_TAG,
-    DATE_TAG,
     DECIMAL_TAG,
     FLOAT_TAG,
-    INT_TAG,
     JSON_TAG,
     NULL,
     SMALL,
     TEXT_TAG,
-    TIME_TAG,
-    TIMESTAMP_TAG,
-    TZ_TAG,
     double,
     length,
     varint,
-    zigzag,
 )
 from publisher.errors import SourceError
 
-__all__ = ["RowWriter", "entry_of", "value_wire"]
+__all__ = ["RowWriter", "entry_of", "framed", "value_wire"]
 
 T = pb.ColumnType
 _FALLBACK = (ValueError, ArithmeticError, OverflowError)  # what to_value carries as text
-_MIN, _MAX = -(2**63), 2**63
 _TRUE, _FALSE = BOOLEAN_TAG + b"\x01", BOOLEAN_TAG + b"\x00"
 _KEY, _ROW, _OPS = b"\x1a", b"\x22", b"\x1a"  # RowChange.key, RowChange.row, Entry.ops
 
 Wire = Callable[[str], bytes]
 
 
-def _integer(s: str) -> bytes:
-    v = int(s)
-    if _MIN <= v < _MAX:
-        return INT_TAG + zigzag(v)
-    raise OverflowError(f"integer out of 64 bits: {s}")
-
-
 def _fast(ctype: int, scale: int) -> Wire:
-    """text output -> the Value's bytes (raising as the reading of ``_pgtypes`` does)."""
+    """text output -> the Value's bytes (raising as the reading of ``_pgtypes`` does).
+
+    The varint types set a Value kept for the column and let upb serialize it: faster
+    than a varint written in Python (0.27 against 0.44-0.86 us), and the same bytes
+    as ``to_value``'s (a value outside 64 bits raises ValueError there as here).
+    """
+    m = pb.Value()
     if ctype == T.COLUMN_TYPE_INTEGER:
-        return _integer
+
+        def integer(s: str) -> bytes:
+            m.int = int(s)
+            return m.SerializeToString()
+
+        return integer
     if ctype == T.COLUMN_TYPE_DECIMAL:
         quantum = quantum_of(scale)
         return lambda s: length(DECIMAL_TAG, decimal_text(s, quantum).encode())
@@ -113,16 +111,32 @@ def _fast(ctype: int, scale: int) -> Wire:
     if ctype == T.COLUMN_TYPE_BOOLEAN:
         return lambda s: _TRUE if boolean(s) else _FALSE
     if ctype == T.COLUMN_TYPE_DATE:
-        return lambda s: DATE_TAG + zigzag(date_days(s))
+
+        def date(s: str) -> bytes:
+            m.date = date_days(s)
+            return m.SerializeToString()
+
+        return date
     if ctype == T.COLUMN_TYPE_TIME:
-        return lambda s: TIME_TAG + zigzag(time_us(s))
+
+        def time(s: str) -> bytes:
+            m.time_us = time_us(s)
+            return m.SerializeToString()
+
+        return time
     if ctype == T.COLUMN_TYPE_TIMESTAMP:
-        return lambda s: TIMESTAMP_TAG + zigzag(timestamp_us(s))
+
+        def timestamp(s: str) -> bytes:
+            m.timestamp_us = timestamp_us(s)
+            return m.SerializeToString()
+
+        return timestamp
     if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
+        tz = m.timestamptz  # offset_s stays 0
 
         def timestamptz(s: str) -> bytes:
-            utc = timestamptz_us(s)
-            return length(TZ_TAG, b"\x08" + zigzag(utc) if utc else b"")
+            tz.utc_us = timestamptz_us(s)
+            return m.SerializeToString()
 
         return timestamptz
     if ctype == T.COLUMN_TYPE_JSON:
@@ -158,10 +172,54 @@ def _values(
     return out
 
 
-class RowWriter:
-    """One relation's row changes as serialized ``Op`` messages."""
+_I16 = struct.Struct(">h").unpack_from
+_I32 = struct.Struct(">i").unpack_from
+_BAD = (struct.error, IndexError, UnicodeDecodeError)  # a message the parser refuses
 
-    __slots__ = ("_delete", "_insert", "_key", "_update", "_wires")
+
+def _skip(d: Datum) -> bytes:
+    return b""  # a column of an old row that is not in the key: read, not written
+
+
+def _image(
+    buf: bytes, pos: int, wires: Sequence[Callable[[Datum], bytes]]
+) -> tuple[list[bytes], int] | None:
+    """The TupleData at ``pos`` read straight into Values framed as ``RowChange.row``
+    (``22 len Value``), and the position after it; None for anything but text and
+    NULL cells, exactly ``len(wires)`` of them (the generic path then reads it, and
+    refuses it or handles the unchanged TOAST values).  Raises one of ``_BAD`` where
+    ``parse_pgoutput`` would refuse the message."""
+    (n,) = _I16(buf, pos)
+    if n != len(wires):
+        return None
+    pos += 2
+    end = len(buf)
+    out: list[bytes] = []
+    append = out.append
+    for wire in wires:
+        kind = buf[pos]
+        if kind == 0x74:  # 't'
+            (size,) = _I32(buf, pos + 1)
+            pos += 5
+            if size < 0 or pos + size > end:
+                return None
+            v = wire(buf[pos : pos + size].decode("utf-8"))
+            pos += size
+        elif kind == 0x6E:  # 'n'
+            v = NULL
+            pos += 1
+        else:
+            return None
+        m = len(v)
+        append(_ROW + (SMALL[m] if m < 128 else varint(m)) + v)
+    return out, pos
+
+
+class RowWriter:
+    """One relation's row changes as serialized ``Op`` messages: from the events'
+    tuples, or (:meth:`from_message`) straight from a pgoutput row message."""
+
+    __slots__ = ("_delete", "_insert", "_key", "_old", "_update", "_wires")
 
     def __init__(self, table: str, infos: Sequence[TypeInfo], key_idx: Sequence[int]) -> None:
         name = length(b"\x0a", table.encode()) if table else b""
@@ -170,6 +228,8 @@ class RowWriter:
         self._delete = name + b"\x10" + varint(pb.ROW_OP_DELETE)
         self._wires = tuple(value_wire(i) for i in infos)
         self._key = tuple(key_idx)
+        keys = set(self._key)
+        self._old = tuple(w if i in keys else _skip for i, w in enumerate(self._wires))
 
     def _keys(self, image: Sequence[Datum]) -> list[bytes]:
         wires = self._wires
@@ -188,7 +248,51 @@ class RowWriter:
     def delete(self, old: Sequence[Datum]) -> bytes:
         return length(b"\x0a", self._delete + b"".join(self._keys(old)))
 
+    def from_message(self, buf: bytes) -> bytes | None:
+        """The Op of an I, U or D message (the relation's own), as :meth:`insert`,
+        :meth:`update` or :meth:`delete` of its parsed event would write it; None when
+        the generic path must read it (a cell neither text nor NULL, a column count
+        that is not the relation's, anything malformed: that path raises)."""
+        try:
+            tag = buf[0]
+            kind = buf[5]
+            if tag == 0x49:  # 'I'
+                if kind != 0x4E:
+                    return None
+                got = _image(buf, 6, self._wires)
+                if got is None:
+                    return None
+                return length(b"\x0a", self._insert + b"".join(got[0]))
+            old: list[bytes] | None = None
+            pos = 6
+            if kind == 0x4B or kind == 0x4F:  # 'K', 'O'
+                got = _image(buf, 6, self._old)
+                if got is None:
+                    return None
+                old, pos = got
+                old = [_KEY + old[k][1:] for k in self._key]
+                if tag == 0x44:  # 'D'
+                    return length(b"\x0a", self._delete + b"".join(old))
+                kind = buf[pos]
+                pos += 1
+            if tag != 0x55 or kind != 0x4E:  # 'U' ... 'N'
+                return None
+            got = _image(buf, pos, self._wires)
+            if got is None:
+                return None
+            row = got[0]
+            if old is None:
+                old = [_KEY + row[k][1:] for k in self._key]
+            return length(b"\x0a", self._update + b"".join(old) + b"".join(row))
+        except _BAD:
+            return None
+
+
+def framed(ops: Iterable[bytes]) -> bytes:
+    """``ops`` (each a serialized Op) as the bytes of an Entry's ``ops`` field."""
+    return b"".join([length(_OPS, op) for op in ops])
+
 
 def entry_of(ops: Iterable[bytes]) -> pb.Entry:
     """An Entry holding ``ops`` (each a serialized Op), parsed once."""
-    return pb.Entry.FromString(b"".join([length(_OPS, op) for op in ops]))
+    return pb.Entry.FromString(framed(ops))

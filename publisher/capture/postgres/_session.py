@@ -24,6 +24,7 @@ groups it opened (:meth:`Session.close`); kill -9 leaves that to the next open.
 from __future__ import annotations
 
 import select
+import struct
 import threading
 import time
 from collections.abc import Sequence
@@ -45,6 +46,7 @@ from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._partitions import relkind, set_full
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
+    PG_EPOCH_US,
     UNCHANGED,
     Begin,
     Commit,
@@ -60,7 +62,7 @@ from publisher.capture.postgres._pgoutput import (
     parse_pgoutput,
 )
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
-from publisher.capture.postgres._pgwire import RowWriter, entry_of
+from publisher.capture.postgres._pgwire import RowWriter, entry_of, framed
 from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._state import (
     PendingSnapshot,
@@ -78,6 +80,9 @@ log = structlog.get_logger(__name__)
 
 _MARKS = (BEGIN_PREFIX, END_PREFIX)  # procedure call marks (common/calls.py)
 _ROWS = (Insert, Update, Delete)
+_ROW_TAGS = frozenset(b"IUD")  # their pgoutput messages
+_U32 = struct.Struct(">I").unpack_from
+_BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
 
 
 class Session(SnapshotCrossing):
@@ -157,14 +162,20 @@ class Session(SnapshotCrossing):
         cap.health.ok()
         self.flusher.start()
         fd = self.conn.fileno()
-        while not self.halt.is_set():
+        read, handle, halt = self.cur.read_message, self._handle, self.halt
+        while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
             if cap._dirty.is_set() and self.txn is None:
                 self._reload()
-            msg = self.cur.read_message()
+            msg = read()
             if msg is not None:
-                self._handle(msg.payload)
+                handle(msg.payload)
+                while self.txn is not None and not halt.is_set():
+                    msg = read()  # the rest of the transaction, back to back
+                    if msg is None:
+                        break
+                    handle(msg.payload)
                 if self.txn is None:
                     self._feedback()
                 continue
@@ -180,6 +191,24 @@ class Session(SnapshotCrossing):
             for ev in self.wal2json.decode(payload):
                 self._event(ev)
             return
+        first = payload[0] if payload else 0
+        if first == 0x42 and len(payload) == 21:  # Begin: no event made either
+            lsn, ts, _xid = _BEGIN(payload, 1)
+            self._cross(lsn)
+            self.txn = Txn(lsn, ts + PG_EPOCH_US)
+            return
+        if first in _ROW_TAGS and len(payload) > 5:
+            # A row of a relation seen before, text and NULL cells only (nearly all):
+            # read straight into its Op's bytes (_pgwire.py), no event made.
+            (oid,) = _U32(payload, 1)
+            r = self.rels.get(oid)
+            if r is not None and r.writer is not None and r.shape is not None:
+                op = r.writer.from_message(payload)
+                if op is not None:
+                    targets = self._targets(r.display)
+                    if targets:
+                        self._add(r, r.shape, targets, op, first == 0x49)
+                    return
         event = parse_pgoutput(payload)
         if isinstance(event, _ROWS):  # most messages are row changes
             self._change(event)
@@ -310,8 +339,18 @@ class Session(SnapshotCrossing):
             op = writer.update(old if old is not None else new, new)
         else:
             op = writer.delete(ev.old)
+        self._add(r, shape, targets, op, isinstance(ev, Insert))
+
+    def _add(
+        self,
+        r: RelState,
+        shape: TableShape,
+        targets: list[tuple[PubState, TableState]],
+        op: bytes,
+        inserting: bool,
+    ) -> None:
+        """Hold the row change ``op`` (a serialized Op) for each of ``targets``."""
         self.cap.changes += 1
-        inserting = isinstance(ev, Insert)
         size = len(op) + 6  # with its tag and length in the entry (an Op's ByteSize + 6)
         txn = self.txn
         assert txn is not None
@@ -419,17 +458,26 @@ class Session(SnapshotCrossing):
             if not ops:
                 continue
             ps = self.state[pubname]
-            entry = entry_of(ops)
-            entry.commit_time_us = ev.commit_time_us
-            entry.origin = txn.origin
+            seqs: list[pb.SequencePosition] = []
             if positions and pubname in txn.inserted:
                 mine = {t.display for t in txn.inserted[pubname]}
-                entry.sequences.extend(p for p in positions if p.table in mine)
+                seqs = [p for p in positions if p.table in mine]
             group = txn.groups.get(pubname)
             if group is not None:
+                entry = entry_of(ops)
+                entry.commit_time_us = ev.commit_time_us
+                entry.origin = txn.origin
+                entry.sequences.extend(seqs)
                 group.add(entry, ev.commit_lsn)
-            else:
-                ps.pub.append(entry, position=ev.commit_lsn, wait=False)
+            else:  # the entry not built: its bytes written (publication.py)
+                ps.pub.append_encoded(
+                    framed(ops),
+                    ev.commit_lsn,
+                    commit_time_us=ev.commit_time_us,
+                    origin=txn.origin,
+                    sequences=seqs,
+                    wait=False,
+                )
                 self.cap.entries += 1
             self.touched.add(pubname)
         for group in txn.groups.values():
