@@ -1,14 +1,25 @@
 """PostgreSQL row changes written straight to protobuf wire bytes (capture's hot loop).
 
 Building a ``pb.Value`` per value, extending a ``RowChange`` with them (a copy),
-sizing the ``Op`` and extending the ``Entry`` with it (another copy) was most of
-the capture thread's time per W1 transaction (py-spy, 2026-11-25: ``_change``
-~40 %).  Here each column of a relation gets, once, a function from its text
-output to the bytes ``to_value(text, info).SerializeToString()`` gives
-(``_pgtypes.py`` stays the one rule: both read the text with the same functions,
-and a differential test holds the two equal over every type and its extremes);
-a row change is written field by field, and the entry is parsed once, in C, from
-its ops' bytes at the commit.  The bytes logged are the same as before.
+sizing the ``Op`` and extending the ``Entry`` with it (another copy), with a parsed
+event object and a tuple of strings per row before that, was most of the capture
+thread's time per W1 transaction (py-spy, 2026-11-25: ``_change`` ~40 %, the parse
+~20 %).  Here each column of a relation gets, once, a function from its text output
+to the bytes ``to_value(text, info).SerializeToString()`` gives (``_pgtypes.py``
+stays the one rule: both read the text with the same functions, and a differential
+test holds the two equal over every type and its extremes).
+
+:meth:`RowWriter.from_message` reads a pgoutput I, U or D message straight into its
+Op: each cell of the TupleData is decoded (UTF-8, as the parser does) and handed to
+its column's function, and the Value's bytes are framed as they come; of an old row
+('K' or 'O') only the key's columns are written, the others are decoded and
+dropped.  Any message it does not take whole (a cell neither text nor NULL: an
+unchanged TOAST value, binary; a column count other than the relation's; a message
+cut short or of another form) returns None, and the session reads it through
+``parse_pgoutput`` and the events as before, which refuses or handles it: the fast
+path only ever sees what the generic one would write the same bytes for (a
+differential test over random messages holds them equal).  The session appends the
+ops' bytes without building an Entry (``Publication.append_encoded``).
 
 The bytes, in field-number order (upb's order; ``protowire.py`` for the
 primitives)::
@@ -18,7 +29,7 @@ primitives)::
                10 op                               (op = 2: 1 insert, 2 update, 3 delete)
                1a len Value ...                    (key = 3: update and delete)
                22 len Value ...                    (row = 4: insert and update)
-    Entry ops  1a len Op ...                       (ops = 3; ``entry_of``)
+    Entry ops  1a len Op ...                       (ops = 3; ``framed``)
 
     Value      08 01                 NULL
                10 zigzag             INTEGER        (sint64; outside it: text)
@@ -35,11 +46,14 @@ primitives)::
                                                      an empty message)
                62 len UTF-8          JSON
 
+The zigzag types are set on a Value the column keeps and serialized by upb (0.27 us
+against 0.44-0.86 for a varint written in Python); the others are written here.
 A Value is a oneof: its member is written even when it holds its type's zero
 (``Value(int=0)`` is ``10 00``), unlike the plain fields of RowChange and
 TimestampTz.  A text whose reading fails (``infinity``, BC dates, ``24:00:00``,
 an integer past 64 bits, ...) goes through ``to_value``, which carries it as
-text; an unchanged TOAST marker where a value is needed is refused.
+text; an unchanged TOAST marker where a value is needed is refused.  A RowWriter
+keeps Values of its own: it is used by the one capture thread.
 """
 
 from __future__ import annotations
@@ -146,8 +160,10 @@ def _fast(ctype: int, scale: int) -> Wire:
 
 def value_wire(info: TypeInfo) -> Callable[[Datum], bytes]:
     """A column's ``d -> to_value(d, info).SerializeToString()`` (None: NULL)."""
-    fast = _fast(int(info.ctype), info.scale)
+    return _wire(_fast(int(info.ctype), info.scale), info)
 
+
+def _wire(fast: Wire, info: TypeInfo) -> Callable[[Datum], bytes]:
     def wire(d: Datum) -> bytes:
         if d.__class__ is str:
             try:
@@ -177,33 +193,39 @@ _I32 = struct.Struct(">i").unpack_from
 _BAD = (struct.error, IndexError, UnicodeDecodeError)  # a message the parser refuses
 
 
-def _skip(d: Datum) -> bytes:
+def _skip(s: str) -> bytes:
     return b""  # a column of an old row that is not in the key: read, not written
 
 
-def _image(
-    buf: bytes, pos: int, wires: Sequence[Callable[[Datum], bytes]]
-) -> tuple[list[bytes], int] | None:
+Cells = tuple[tuple[Wire, TypeInfo], ...]  # each column's fast function and its type
+
+
+def _image(buf: bytes, pos: int, cells: Cells) -> tuple[list[bytes], int] | None:
     """The TupleData at ``pos`` read straight into Values framed as ``RowChange.row``
     (``22 len Value``), and the position after it; None for anything but text and
-    NULL cells, exactly ``len(wires)`` of them (the generic path then reads it, and
+    NULL cells, exactly ``len(cells)`` of them (the generic path then reads it, and
     refuses it or handles the unchanged TOAST values).  Raises one of ``_BAD`` where
-    ``parse_pgoutput`` would refuse the message."""
+    ``parse_pgoutput`` would refuse the message.  Each text goes as ``value_wire``
+    takes it, inline: a call less per cell."""
     (n,) = _I16(buf, pos)
-    if n != len(wires):
+    if n != len(cells):
         return None
     pos += 2
     end = len(buf)
     out: list[bytes] = []
     append = out.append
-    for wire in wires:
+    for fast, info in cells:
         kind = buf[pos]
         if kind == 0x74:  # 't'
             (size,) = _I32(buf, pos + 1)
             pos += 5
             if size < 0 or pos + size > end:
                 return None
-            v = wire(buf[pos : pos + size].decode("utf-8"))
+            text = buf[pos : pos + size].decode("utf-8")
+            try:
+                v = fast(text)
+            except _FALLBACK:
+                v = to_value(text, info).SerializeToString()
             pos += size
         elif kind == 0x6E:  # 'n'
             v = NULL
@@ -219,17 +241,21 @@ class RowWriter:
     """One relation's row changes as serialized ``Op`` messages: from the events'
     tuples, or (:meth:`from_message`) straight from a pgoutput row message."""
 
-    __slots__ = ("_delete", "_insert", "_key", "_old", "_update", "_wires")
+    __slots__ = ("_cells", "_delete", "_insert", "_key", "_old", "_update", "_wires")
 
     def __init__(self, table: str, infos: Sequence[TypeInfo], key_idx: Sequence[int]) -> None:
         name = length(b"\x0a", table.encode()) if table else b""
         self._insert = name + b"\x10" + varint(pb.ROW_OP_INSERT)
         self._update = name + b"\x10" + varint(pb.ROW_OP_UPDATE)
         self._delete = name + b"\x10" + varint(pb.ROW_OP_DELETE)
-        self._wires = tuple(value_wire(i) for i in infos)
+        fasts = [_fast(int(i.ctype), i.scale) for i in infos]
+        self._wires = tuple(_wire(f, i) for f, i in zip(fasts, infos, strict=True))
+        self._cells: Cells = tuple(zip(fasts, infos, strict=True))
         self._key = tuple(key_idx)
         keys = set(self._key)
-        self._old = tuple(w if i in keys else _skip for i, w in enumerate(self._wires))
+        self._old: Cells = tuple(
+            c if n in keys else (_skip, c[1]) for n, c in enumerate(self._cells)
+        )
 
     def _keys(self, image: Sequence[Datum]) -> list[bytes]:
         wires = self._wires
@@ -259,7 +285,7 @@ class RowWriter:
             if tag == 0x49:  # 'I'
                 if kind != 0x4E:
                     return None
-                got = _image(buf, 6, self._wires)
+                got = _image(buf, 6, self._cells)
                 if got is None:
                     return None
                 return length(b"\x0a", self._insert + b"".join(got[0]))
@@ -277,7 +303,7 @@ class RowWriter:
                 pos += 1
             if tag != 0x55 or kind != 0x4E:  # 'U' ... 'N'
                 return None
-            got = _image(buf, pos, self._wires)
+            got = _image(buf, pos, self._cells)
             if got is None:
                 return None
             row = got[0]

@@ -77,19 +77,21 @@ class SequencePositions:
         self._conn = conn
         self._lock = lock
         self._owned: dict[str, list[tuple[str, int]]] = {}
+        self._none: set[TableName] = set()  # tables known to own no sequence
 
     def forget(self, table: str | None = None) -> None:
         """Read the owned sequences of ``table`` (None: of every table) again."""
         if table is None:
             self._owned.clear()
+            self._none.clear()
         else:
             self._owned.pop(table, None)
+            self._none = {t for t in self._none if t.display != table}
 
     def read(self, tables: Iterable[TableName]) -> list[pb.SequencePosition]:
         """The positions of the sequences owned by ``tables``' columns, in table order."""
         tables = dict.fromkeys(tables)
-        known = self._owned
-        if all(known.get(t.display) == [] for t in tables):
+        if self._none.issuperset(tables):
             return []  # every table known to own no sequence: no lock, no query
         wanted: list[tuple[str, str, int]] = []
         with self._lock:
@@ -99,6 +101,8 @@ class SequencePositions:
                 if owned is None:
                     rows = conn.execute(_OWNED, (t.sql,)).fetchall()
                     owned = self._owned[t.display] = [(str(c), int(o)) for c, o in rows]
+                    if not owned:
+                        self._none.add(t)
                 wanted.extend((t.display, column, oid) for column, oid in owned)
             if not wanted:
                 return []

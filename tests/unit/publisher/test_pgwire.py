@@ -136,8 +136,16 @@ def _row_op(
     return pb.Op(row=rc).SerializeToString()
 
 
+def _cell(rng: random.Random, info: TypeInfo) -> str | None:
+    """NULL, an extreme (often carried as text), or an ordinary value of the column."""
+    draw = rng.random()
+    return (
+        None if draw < 0.2 else rng.choice(EDGES) if draw < 0.35 else _random_text(rng, info.ctype)
+    )
+
+
 def _row(rng: random.Random, infos: list[TypeInfo]) -> tuple[Datum, ...]:
-    return tuple(None if rng.random() < 0.2 else _random_text(rng, i.ctype) for i in infos)
+    return tuple(_cell(rng, i) for i in infos)
 
 
 def test_row_changes_and_entries_are_the_bytes_of_the_objects() -> None:
