@@ -100,6 +100,23 @@ _KEY, _ROW, _OPS = b"\x1a", b"\x22", b"\x1a"  # RowChange.key, RowChange.row, En
 Wire = Callable[[str], bytes]
 
 
+def _kept(m: pb.Value, field: str, read: Callable[[str], int]) -> Wire:
+    """``read(s)`` set as ``field`` of the kept Value ``m``, serialized."""
+
+    def wire(s: str) -> bytes:
+        setattr(m, field, read(s))
+        return m.SerializeToString()
+
+    return wire
+
+
+_ZIGZAG: dict[int, tuple[str, Callable[[str], int]]] = {
+    T.COLUMN_TYPE_DATE: ("date", date_days),
+    T.COLUMN_TYPE_TIME: ("time_us", time_us),
+    T.COLUMN_TYPE_TIMESTAMP: ("timestamp_us", timestamp_us),
+}
+
+
 def _fast(ctype: int, scale: int) -> Wire:
     """text output -> the Value's bytes (raising as the reading of ``_pgtypes`` does).
 
@@ -124,27 +141,8 @@ def _fast(ctype: int, scale: int) -> Wire:
         return lambda s: length(BLOB_TAG, bytea(s))
     if ctype == T.COLUMN_TYPE_BOOLEAN:
         return lambda s: _TRUE if boolean(s) else _FALSE
-    if ctype == T.COLUMN_TYPE_DATE:
-
-        def date(s: str) -> bytes:
-            m.date = date_days(s)
-            return m.SerializeToString()
-
-        return date
-    if ctype == T.COLUMN_TYPE_TIME:
-
-        def time(s: str) -> bytes:
-            m.time_us = time_us(s)
-            return m.SerializeToString()
-
-        return time
-    if ctype == T.COLUMN_TYPE_TIMESTAMP:
-
-        def timestamp(s: str) -> bytes:
-            m.timestamp_us = timestamp_us(s)
-            return m.SerializeToString()
-
-        return timestamp
+    if ctype in _ZIGZAG:
+        return _kept(m, *_ZIGZAG[ctype])
     if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
         tz = m.timestamptz  # offset_s stays 0
 

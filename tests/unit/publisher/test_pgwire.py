@@ -30,6 +30,7 @@ from publisher.config import PublicationConfig
 from publisher.errors import SourceError
 from publisher.log import open_log
 from publisher.publication import Publication
+from tests.support.pgoutput import tuple_data
 
 T = pb.ColumnType
 TYPES = [t for t in T.values() if t != T.COLUMN_TYPE_UNSPECIFIED] + [T.COLUMN_TYPE_UNSPECIFIED]
@@ -192,22 +193,6 @@ def test_decimal_scale_and_fallbacks_read_as_before() -> None:
         writer.insert(("1.5",))
 
 
-def _cells(image: tuple[Datum, ...] | tuple[object, ...]) -> bytes:
-    """pgoutput TupleData: 'n' for None, 'u' for UNCHANGED, 'b' for bytes, else 't'."""
-    out = struct.pack(">h", len(image))
-    for c in image:
-        if c is None:
-            out += b"n"
-        elif c is UNCHANGED:
-            out += b"u"
-        elif isinstance(c, bytes):
-            out += b"b" + struct.pack(">i", len(c)) + c
-        else:
-            data = str(c).encode()
-            out += b"t" + struct.pack(">i", len(data)) + data
-    return out
-
-
 def _generic(writer: RowWriter, payload: bytes) -> bytes:
     """The Op the events' path writes for a row message (the oracle of from_message)."""
     ev = parse_pgoutput(payload)
@@ -232,12 +217,12 @@ def test_row_messages_read_straight_into_the_ops_of_their_events() -> None:
         keyed = tuple(d if i in key else None for i, d in enumerate(old))
         oid = struct.pack(">I", rng.randrange(2**32))
         messages = [
-            b"I" + oid + b"N" + _cells(new),
-            b"U" + oid + b"N" + _cells(new),
-            b"U" + oid + b"K" + _cells(keyed) + b"N" + _cells(new),
-            b"U" + oid + b"O" + _cells(old) + b"N" + _cells(new),
-            b"D" + oid + b"K" + _cells(keyed),
-            b"D" + oid + b"O" + _cells(old),
+            b"I" + oid + b"N" + tuple_data(new),
+            b"U" + oid + b"N" + tuple_data(new),
+            b"U" + oid + b"K" + tuple_data(keyed) + b"N" + tuple_data(new),
+            b"U" + oid + b"O" + tuple_data(old) + b"N" + tuple_data(new),
+            b"D" + oid + b"K" + tuple_data(keyed),
+            b"D" + oid + b"O" + tuple_data(old),
         ]
         for payload in messages:
             assert writer.from_message(payload) == _generic(writer, payload), (n, payload)
@@ -249,17 +234,18 @@ def test_row_messages_read_straight_into_the_ops_of_their_events() -> None:
             new[:-1],
         ]
         for image in odd:
-            assert writer.from_message(b"I" + oid + b"N" + _cells(image)) is None
+            assert writer.from_message(b"I" + oid + b"N" + tuple_data(image)) is None
             assert (
-                writer.from_message(b"U" + oid + b"O" + _cells(image) + b"N" + _cells(new)) is None
+                writer.from_message(b"U" + oid + b"O" + tuple_data(image) + b"N" + tuple_data(new))
+                is None
             )
-            assert writer.from_message(b"D" + oid + b"O" + _cells(image)) is None
+            assert writer.from_message(b"D" + oid + b"O" + tuple_data(image)) is None
         whole = messages[3]
         for cut in (5, 6, 8, len(whole) - 1):
             assert writer.from_message(whole[:cut]) is None
-        assert writer.from_message(b"I" + oid + b"K" + _cells(new)) is None
-        assert writer.from_message(b"U" + oid + b"O" + _cells(old)) is None
-        assert writer.from_message(b"D" + oid + b"N" + _cells(old)) is None
+        assert writer.from_message(b"I" + oid + b"K" + tuple_data(new)) is None
+        assert writer.from_message(b"U" + oid + b"O" + tuple_data(old)) is None
+        assert writer.from_message(b"D" + oid + b"N" + tuple_data(old)) is None
 
 
 def test_an_encoded_append_logs_the_bytes_of_the_entry(tmp_path: Path) -> None:
