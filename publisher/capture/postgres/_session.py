@@ -96,6 +96,7 @@ class Session(SnapshotCrossing):
         self.pubs = pubs
         self.state: dict[str, PubState] = {}
         self.routes: dict[str, list[tuple[PubState, TableState]]] = {}
+        self.watched: dict[str, str] = {}  # display name -> SQL name, of the routes' tables
         self.rels: dict[int, RelState] = {}
         self.prev_shapes: dict[int, TableShape] = {}
         self.txn: Txn | None = None
@@ -142,6 +143,8 @@ class Session(SnapshotCrossing):
         for ps in self.state.values():
             for t, tab in ps.tables.items():
                 self.routes.setdefault(t, []).append((ps, tab))
+        # made here, not at every idle moment (in sync: once or twice per transaction)
+        self.watched = {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
         if self.pending is None:
             self.pending = self.cap._begin_snapshot(self.state)
 
@@ -505,9 +508,7 @@ class Session(SnapshotCrossing):
         if self.txn is not None:
             return
         if self.watch is not None:
-            self.watch.poll(
-                {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
-            )
+            self.watch.poll(self.watched)
         wal_end = int(self.cur.wal_end or 0)
         first = self.cap._first_mark()
         if self.pending is not None or first is not None:
