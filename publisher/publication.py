@@ -30,7 +30,7 @@ import collections
 import contextlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
@@ -59,7 +59,7 @@ class Publication:
         self.last_commit_time = time.time()
         self.stages: StageLatency | None = None
         self._stage_lock = threading.Lock()
-        self._appended: collections.deque[tuple[int, float]] = collections.deque()
+        self._appended_at: collections.deque[tuple[int, float]] = collections.deque()
         self._durable: collections.deque[tuple[int, float]] = collections.deque(
             maxlen=_DURABLE_KEPT
         )
@@ -78,7 +78,7 @@ class Publication:
 
     def _settle(self, head: int) -> None:
         """Appends at or below ``head`` are durable now (``_stage_lock`` held)."""
-        stages, pending = self.stages, self._appended
+        stages, pending = self.stages, self._appended_at
         if stages is None or not pending:
             return
         now = time.time()
@@ -140,30 +140,73 @@ class Publication:
                 raise ValueError(
                     f"fragment {entry.fragment} does not follow the open group's {self._open}"
                 )
-            if position is not None:
-                entry.source_position = str(position)
-            else:
-                entry.source_position = str(self.position)
+            entry.source_position = str(position if position is not None else self.position)
             began = time.time()
-            if not entry.commit_time_us:
-                entry.commit_time_us = int(began * 1_000_000)
-            elif self.stages is not None:
-                self.stages.observe(self.name, "capture", began - entry.commit_time_us / 1e6)
+            entry.commit_time_us = self._stamp(entry.commit_time_us, began)
             if not entry.origin:  # made here, not applied by txrepl (common/origin.py, R1)
                 entry.origin = self.node
             self.shaper.entry(entry)  # filters and column lists: before the log
             seq = self.log.append([entry.SerializeToString()], wait=wait)
-            if self.stages is not None:
-                with self._stage_lock:
-                    self._appended.append((seq, began))
-                    self._settle(self.log.head)  # an append that waited is durable already
-            if position is not None:
-                self.position = position
-            self.last_commit_time = entry.commit_time_us / 1_000_000
-            self._open = entry.fragment if entry.continued else None
-            if self._open is None:
-                self._lock.notify_all()
-            return seq
+            opened = entry.fragment if entry.continued else None
+            return self._booked(seq, began, position, entry.commit_time_us, opened)
+
+    def append_encoded(
+        self,
+        ops: bytes,
+        position: int,
+        *,
+        commit_time_us: int,
+        origin: str = "",
+        sequences: Sequence[pb.SequencePosition] = (),
+        wait: bool = True,
+    ) -> int:
+        """``append(entry, position, wait=wait)`` of the Entry of these fields, its ops
+        given as their bytes within it (``1a len Op`` each, as a capture writes them:
+        capture/postgres/_pgwire.py).  The bytes logged are the same; the Entry is only
+        built (parsed) when a shaping of this publication must see it.  The fields are
+        written in field-number order (commit_time_us 1, source_position 2, ops 3, origin
+        7, sequences 8), the order upb serializes an Entry in.
+        """
+        if self.shaper:
+            entry = pb.Entry.FromString(ops)
+            entry.commit_time_us = commit_time_us
+            entry.origin = origin
+            entry.sequences.extend(sequences)
+            return self.append(entry, position, wait=wait)
+        with self._lock:
+            self._lock.wait_for(lambda: self._open is None)
+            began = time.time()
+            commit_time_us = self._stamp(commit_time_us, began)
+            head = pb.Entry(commit_time_us=commit_time_us, source_position=str(position))
+            tail = pb.Entry(origin=origin or self.node, sequences=sequences)
+            data = head.SerializeToString() + ops + tail.SerializeToString()
+            seq = self.log.append([data], wait=wait)
+            return self._booked(seq, began, position, commit_time_us, None)
+
+    def _stamp(self, commit_time_us: int, began: float) -> int:
+        """An entry's commit time (now if it has none); observes the ``capture`` stage."""
+        if not commit_time_us:
+            return int(began * 1_000_000)
+        if self.stages is not None:
+            self.stages.observe(self.name, "capture", began - commit_time_us / 1e6)
+        return commit_time_us
+
+    def _booked(
+        self, seq: int, began: float, position: int | None, commit_time_us: int, opened: int | None
+    ) -> int:
+        """Book an append of ``seq`` (``_lock`` held); ``opened``: the fragment index of
+        a group it leaves open."""
+        if self.stages is not None:
+            with self._stage_lock:
+                self._appended_at.append((seq, began))
+                self._settle(self.log.head)  # an append that waited is durable already
+        if position is not None:
+            self.position = position
+        self.last_commit_time = commit_time_us / 1_000_000
+        self._open = opened
+        if opened is None:
+            self._lock.notify_all()
+        return seq
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[int]:

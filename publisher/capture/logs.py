@@ -39,7 +39,11 @@ class Flusher(threading.Thread):
         self._stopping = False
 
     def kick(self) -> None:
-        self._kicked.set()
+        # Set already (a round is due): nothing to do, and no lock taken.  Seeing it
+        # set before the flusher clears it is safe: its round starts after the clear,
+        # so after the append this kick follows.
+        if not self._kicked.is_set():
+            self._kicked.set()
 
     def stop(self) -> None:
         self._stopping = True

@@ -10,7 +10,10 @@ timestamptz, boolean):
                started again and timed until all 3,000 entries are in the log.
 ``decode``     the server's decoding and transfer of one 100,000-row UPDATE
                transaction from a fresh pgoutput slot, then txrepl's pgoutput parser
-               and value encoding alone over the same messages (rows/s).
+               and value encoding alone over the same messages (rows/s: ``parse +
+               encode``, the events' path), and the capture's own path from the
+               messages to their ops' bytes (``messages to ops``,
+               ``RowWriter.from_message``).
 ``snapshot``   the 102,000 existing rows installed into a new publication log
                (capture's install snapshot), timed until its entries are logged.
 
@@ -41,6 +44,7 @@ from publisher.capture.postgres._pgtypes import (
     numeric_typmod,
     to_value,
 )
+from publisher.capture.postgres._pgwire import RowWriter
 from publisher.config import PublicationConfig
 from publisher.log import open_log
 from publisher.publication import Publication
@@ -94,8 +98,9 @@ def _capture(dsn: str, root: Path, slot: str, head: int) -> float:
         pub.log.close()
 
 
-def _decode(dsn: str) -> tuple[float, float, int]:
-    """(server decode + transfer s, parse + encode s, row messages) for one 100k-row txn."""
+def _decode(dsn: str) -> tuple[float, float, float, int]:
+    """(server decode + transfer s, parse + encode s, the capture's path s, row messages)
+    for one 100k-row txn."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("CREATE PUBLICATION bench FOR TABLE w")
         conn.execute("SELECT pg_create_logical_replication_slot('raw', 'pgoutput')")
@@ -135,7 +140,14 @@ def _decode(dsn: str) -> tuple[float, float, int]:
             for d, info in zip(ev.new, infos, strict=True):
                 to_value(d if isinstance(d, str) else None, info)
             n += 1
-    return stream_s, time.perf_counter() - t0, n
+    parse_s = time.perf_counter() - t0
+    # The capture's own path: each row message straight into its Op (_pgwire.py).
+    writer = RowWriter("w", infos, [0])
+    rows = [p for p in payloads if p[:1] == b"U"]
+    t0 = time.perf_counter()
+    for p in rows:
+        writer.from_message(p)
+    return stream_s, parse_s, time.perf_counter() - t0, n
 
 
 def run(results_dir: Path) -> list[dict[str, Any]]:
@@ -158,9 +170,10 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
                 conn.execute(FILL.format(lo=i, hi=i))
         took = _capture(dsn, work, "big", 1 + 1000 + 2000)
         rows.append({"measure": "catch-up", "entries": 3000, "rows": ROWS + 2000, "s": took})
-        stream_s, parse_s, n = _decode(dsn)
+        stream_s, parse_s, ops_s, n = _decode(dsn)
         rows.append({"measure": "server decode + transfer", "rows": ROWS, "s": stream_s})
         rows.append({"measure": "parse + encode", "rows": n, "s": parse_s, "rows_s": n / parse_s})
+        rows.append({"measure": "messages to ops", "rows": n, "s": ops_s, "rows_s": n / ops_s})
         took = _capture(dsn, work, "snap", -(-(ROWS + 2000 + 2) // 10_000))
         rows.append({"measure": "snapshot into a new log", "rows": ROWS + 2000, "s": took})
     for row in rows:

@@ -326,6 +326,8 @@ class CaptureCore(Installer):
                     self._marks.remove(mark)
 
     def _first_mark(self) -> int | None:
+        if not self._marks:
+            return None  # none asked: no lock at every idle moment
         with self._marks_lock:
             return min((m.lsn for m in self._marks if not m.done.is_set()), default=None)
 

@@ -57,6 +57,8 @@ class SnapshotCrossing:
     def _mark(self, lsn: int) -> None:
         """Resolve the wait_position requests at or below ``lsn`` (no transaction open)."""
         cap = self.cap
+        if not cap._marks:
+            return  # none asked (as if asked after this look: the next one resolves it)
         with cap._marks_lock:
             due = [m for m in cap._marks if m.lsn <= lsn and not m.done.is_set()]
         if not due:

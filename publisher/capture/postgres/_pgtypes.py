@@ -46,8 +46,16 @@ from common.rpc import txrepl_pb2 as pb
 __all__ = [
     "SESSION_GUCS",
     "TypeInfo",
+    "boolean",
     "builtin_type",
+    "bytea",
+    "date_days",
+    "decimal_text",
     "numeric_typmod",
+    "quantum_of",
+    "time_us",
+    "timestamp_us",
+    "timestamptz_us",
     "to_value",
 ]
 
@@ -147,69 +155,85 @@ def _micros(delta: dt.timedelta) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+# Text output -> the Value field's content, one function per type: the one rule that
+# both :func:`_encoder` (Value objects) and ``_pgwire.py`` (their wire bytes) follow.
+# Each raises ValueError, ArithmeticError or OverflowError on a value Python cannot
+# hold, which is then carried as its text.
+
+
+def quantum_of(scale: int) -> decimal.Decimal | None:
+    """The quantum a numeric(p, ``scale``) value is quantized to (None: unconstrained)."""
+    return decimal.Decimal(1).scaleb(-scale) if scale else None
+
+
+def decimal_text(s: str, quantum: decimal.Decimal | None) -> str:
+    d = decimal.Decimal(s)
+    if quantum is not None and d.is_finite():
+        d = d.quantize(quantum)
+    return str(d)
+
+
+def bytea(s: str) -> bytes:
+    if not s.startswith("\\x"):
+        raise ValueError(f"bytea not in hex format: {s[:20]!r}")
+    return bytes.fromhex(s[2:])
+
+
+def boolean(s: str) -> bool:
+    if s in ("t", "true"):
+        return True
+    if s in ("f", "false"):
+        return False
+    raise ValueError(f"not a boolean: {s!r}")
+
+
+def date_days(s: str) -> int:
+    return dt.date.fromisoformat(s).toordinal() - _EPOCH_DATE_ORD
+
+
+def time_us(s: str) -> int:
+    t = dt.time.fromisoformat(s)
+    return ((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond
+
+
+def timestamp_us(s: str) -> int:
+    ts = dt.datetime.fromisoformat(s)
+    if ts.tzinfo is not None:
+        raise ValueError(f"timestamp with an offset: {s!r}")
+    return _micros(ts - _EPOCH)
+
+
+def timestamptz_us(s: str) -> int:
+    """The instant (us since the epoch); the session runs in UTC and PostgreSQL keeps
+    no zone, so the offset carried is always 0."""
+    ts = dt.datetime.fromisoformat(s)
+    if ts.tzinfo is None:
+        raise ValueError(f"timestamptz without an offset: {s!r}")
+    return _micros(ts - _EPOCH_UTC)
+
+
 def _encoder(ctype: int, scale: int) -> Callable[[str], pb.Value]:
     """text output -> Value, the same as ``common.values.encode`` of the parsed value."""
     V = pb.Value
     if ctype == _INTEGER:
         return lambda s: V(int=int(s))
     if ctype == _DECIMAL:
-        quantum = decimal.Decimal(1).scaleb(-scale) if scale else None
-
-        def dec(s: str) -> pb.Value:
-            d = decimal.Decimal(s)
-            if quantum is not None and d.is_finite():
-                d = d.quantize(quantum)
-            return V(decimal=str(d))
-
-        return dec
+        quantum = quantum_of(scale)
+        return lambda s: V(decimal=decimal_text(s, quantum))
     if ctype == _FLOAT:
         return lambda s: V(float=float(s))
     if ctype == _BYTES:
-
-        def blob(s: str) -> pb.Value:
-            if not s.startswith("\\x"):
-                raise ValueError(f"bytea not in hex format: {s[:20]!r}")
-            return V(blob=bytes.fromhex(s[2:]))
-
-        return blob
+        return lambda s: V(blob=bytea(s))
     if ctype == _BOOLEAN:
-
-        def boolean(s: str) -> pb.Value:
-            if s in ("t", "true"):
-                return V(boolean=True)
-            if s in ("f", "false"):
-                return V(boolean=False)
-            raise ValueError(f"not a boolean: {s!r}")
-
-        return boolean
+        return lambda s: V(boolean=boolean(s))
     if ctype == _DATE:
-        return lambda s: V(date=dt.date.fromisoformat(s).toordinal() - _EPOCH_DATE_ORD)
+        return lambda s: V(date=date_days(s))
     if ctype == _TIME:
-
-        def time_us(s: str) -> pb.Value:
-            t = dt.time.fromisoformat(s)
-            return V(time_us=((t.hour * 60 + t.minute) * 60 + t.second) * 1_000_000 + t.microsecond)
-
-        return time_us
+        return lambda s: V(time_us=time_us(s))
     if ctype == _TIMESTAMP:
-
-        def timestamp(s: str) -> pb.Value:
-            ts = dt.datetime.fromisoformat(s)
-            if ts.tzinfo is not None:
-                raise ValueError(f"timestamp with an offset: {s!r}")
-            return V(timestamp_us=_micros(ts - _EPOCH))
-
-        return timestamp
+        return lambda s: V(timestamp_us=timestamp_us(s))
     if ctype == _TIMESTAMPTZ:
-
-        def timestamptz(s: str) -> pb.Value:
-            ts = dt.datetime.fromisoformat(s)
-            if ts.tzinfo is None:
-                raise ValueError(f"timestamptz without an offset: {s!r}")
-            # The session runs in UTC; PostgreSQL keeps no zone, so the offset is 0.
-            return V(timestamptz=pb.TimestampTz(utc_us=_micros(ts - _EPOCH_UTC), offset_s=0))
-
-        return timestamptz
+        return lambda s: V(timestamptz=pb.TimestampTz(utc_us=timestamptz_us(s), offset_s=0))
     if ctype == _JSON:
         return lambda s: V(json=s)
     return lambda s: V(text=s)

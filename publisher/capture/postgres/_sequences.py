@@ -33,7 +33,8 @@ the next tick, and a tick needs an entry of its own: a seq without row changes);
 rolled-back and deleted ids).
 
 Cost: the owned sequences of a table are read from the catalog once per table and
-session; a transaction inserting into tables without one costs nothing; otherwise one
+session; a transaction inserting into tables without one costs nothing (not even the
+catalog lock); otherwise one
 query per commit (all its sequences at once).  ``last_value`` is NULL (the position
 is not carried) for a sequence never drawn from or one the capture role may not read.
 """
@@ -76,24 +77,32 @@ class SequencePositions:
         self._conn = conn
         self._lock = lock
         self._owned: dict[str, list[tuple[str, int]]] = {}
+        self._none: set[TableName] = set()  # tables known to own no sequence
 
     def forget(self, table: str | None = None) -> None:
         """Read the owned sequences of ``table`` (None: of every table) again."""
         if table is None:
             self._owned.clear()
+            self._none.clear()
         else:
             self._owned.pop(table, None)
+            self._none = {t for t in self._none if t.display != table}
 
     def read(self, tables: Iterable[TableName]) -> list[pb.SequencePosition]:
         """The positions of the sequences owned by ``tables``' columns, in table order."""
+        tables = dict.fromkeys(tables)
+        if self._none.issuperset(tables):
+            return []  # every table known to own no sequence: no lock, no query
         wanted: list[tuple[str, str, int]] = []
         with self._lock:
             conn = self._conn()
-            for t in dict.fromkeys(tables):
+            for t in tables:
                 owned = self._owned.get(t.display)
                 if owned is None:
                     rows = conn.execute(_OWNED, (t.sql,)).fetchall()
                     owned = self._owned[t.display] = [(str(c), int(o)) for c, o in rows]
+                    if not owned:
+                        self._none.add(t)
                 wanted.extend((t.display, column, oid) for column, oid in owned)
             if not wanted:
                 return []

@@ -24,9 +24,10 @@ groups it opened (:meth:`Session.close`); kill -9 leaves that to the next open.
 from __future__ import annotations
 
 import select
+import struct
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import structlog
@@ -45,6 +46,7 @@ from publisher.capture.postgres._evolve import needs_copy, request_copy
 from publisher.capture.postgres._partitions import relkind, set_full
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import (
+    PG_EPOCH_US,
     UNCHANGED,
     Begin,
     Commit,
@@ -59,8 +61,8 @@ from publisher.capture.postgres._pgoutput import (
     Update,
     parse_pgoutput,
 )
-from publisher.capture.postgres._pgtypes import to_value
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
+from publisher.capture.postgres._pgwire import RowWriter, entry_of, framed
 from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._state import (
     PendingSnapshot,
@@ -77,6 +79,10 @@ __all__ = ["Flusher", "Session", "last_before"]
 log = structlog.get_logger(__name__)
 
 _MARKS = (BEGIN_PREFIX, END_PREFIX)  # procedure call marks (common/calls.py)
+_ROWS = (Insert, Update, Delete)
+_ROW_TAGS = frozenset(b"IUD")  # their pgoutput messages
+_U32 = struct.Struct(">I").unpack_from
+_BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
 
 
 class Session(SnapshotCrossing):
@@ -90,6 +96,7 @@ class Session(SnapshotCrossing):
         self.pubs = pubs
         self.state: dict[str, PubState] = {}
         self.routes: dict[str, list[tuple[PubState, TableState]]] = {}
+        self.watched: dict[str, str] = {}  # display name -> SQL name, of the routes' tables
         self.rels: dict[int, RelState] = {}
         self.prev_shapes: dict[int, TableShape] = {}
         self.txn: Txn | None = None
@@ -136,6 +143,8 @@ class Session(SnapshotCrossing):
         for ps in self.state.values():
             for t, tab in ps.tables.items():
                 self.routes.setdefault(t, []).append((ps, tab))
+        # made here, not at every idle moment (in sync: once or twice per transaction)
+        self.watched = {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
         if self.pending is None:
             self.pending = self.cap._begin_snapshot(self.state)
 
@@ -156,14 +165,20 @@ class Session(SnapshotCrossing):
         cap.health.ok()
         self.flusher.start()
         fd = self.conn.fileno()
-        while not self.halt.is_set():
+        read, handle, halt = self.cur.read_message, self._handle, self.halt
+        while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
             if cap._dirty.is_set() and self.txn is None:
                 self._reload()
-            msg = self.cur.read_message()
+            msg = read()
             if msg is not None:
-                self._handle(msg.payload)
+                handle(msg.payload)
+                while self.txn is not None and not halt.is_set():
+                    msg = read()  # the rest of the transaction, back to back
+                    if msg is None:
+                        break
+                    handle(msg.payload)
                 if self.txn is None:
                     self._feedback()
                 continue
@@ -174,36 +189,58 @@ class Session(SnapshotCrossing):
 
     # -- stream events ---------------------------------------------------------------
 
-    def _events(self, payload: bytes) -> Iterable[Event]:
-        if self.wal2json is not None:
-            return self.wal2json.decode(payload)
-        ev = parse_pgoutput(payload)
-        return () if ev is None else (ev,)
-
     def _handle(self, payload: bytes) -> None:
-        for ev in self._events(payload):
-            if isinstance(ev, Begin):
-                self._cross(ev.final_lsn)
-                self.txn = Txn(ev.final_lsn, ev.commit_time_us)
-            elif isinstance(ev, Commit):
-                self._commit(ev)
-            elif isinstance(ev, Relation):
-                prev = self.rels.get(ev.oid)
-                if prev is not None and prev.shape is not None:
-                    # its key stands in if the table is gone from the catalog by now
-                    self.prev_shapes[ev.oid] = prev.shape
-                self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
-                self.sequences.forget(self.rels[ev.oid].name.display)  # its columns changed
-            elif isinstance(ev, Insert | Update | Delete):
-                self._change(ev)
-            elif isinstance(ev, Truncate):
-                self._truncate(ev)
-            elif isinstance(ev, Origin) and self.txn is not None:
-                self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
-            elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
-                self._ddl(ev.content.decode())
-            elif isinstance(ev, Message) and ev.prefix in _MARKS and self.txn is not None:
-                self._call(ev)
+        if self.wal2json is not None:
+            for ev in self.wal2json.decode(payload):
+                self._event(ev)
+            return
+        first = payload[0] if payload else 0
+        if first == 0x42 and len(payload) == 21:  # Begin: no event made either
+            lsn, ts, _xid = _BEGIN(payload, 1)
+            self._cross(lsn)
+            self.txn = Txn(lsn, ts + PG_EPOCH_US)
+            return
+        if first in _ROW_TAGS and len(payload) > 5:
+            # A row of a relation seen before, text and NULL cells only (nearly all):
+            # read straight into its Op's bytes (_pgwire.py), no event made.
+            (oid,) = _U32(payload, 1)
+            r = self.rels.get(oid)
+            if r is not None and r.writer is not None and r.shape is not None:
+                op = r.writer.from_message(payload)
+                if op is not None:
+                    targets = self._targets(r.display)
+                    if targets:
+                        self._add(r, r.shape, targets, op, first == 0x49)
+                    return
+        event = parse_pgoutput(payload)
+        if isinstance(event, _ROWS):  # most messages are row changes
+            self._change(event)
+        elif event is not None:
+            self._event(event)
+
+    def _event(self, ev: Event) -> None:
+        if isinstance(ev, _ROWS):
+            self._change(ev)
+        elif isinstance(ev, Begin):
+            self._cross(ev.final_lsn)
+            self.txn = Txn(ev.final_lsn, ev.commit_time_us)
+        elif isinstance(ev, Commit):
+            self._commit(ev)
+        elif isinstance(ev, Relation):
+            prev = self.rels.get(ev.oid)
+            if prev is not None and prev.shape is not None:
+                # its key stands in if the table is gone from the catalog by now
+                self.prev_shapes[ev.oid] = prev.shape
+            self.rels[ev.oid] = RelState(TableName(ev.namespace, ev.name), ev)
+            self.sequences.forget(self.rels[ev.oid].display)  # its columns changed
+        elif isinstance(ev, Truncate):
+            self._truncate(ev)
+        elif isinstance(ev, Origin) and self.txn is not None:
+            self.txn.origin = node_of_pg_origin(ev.name)  # common/origin.py, R2
+        elif isinstance(ev, Message) and ev.prefix == PREFIX and self.txn is not None:
+            self._ddl(ev.content.decode())
+        elif isinstance(ev, Message) and ev.prefix in _MARKS and self.txn is not None:
+            self._call(ev)
 
     def _targets(self, table: str) -> list[tuple[PubState, TableState]]:
         txn = self.txn
@@ -237,8 +274,8 @@ class Session(SnapshotCrossing):
             )
             if scope.begin(call, ready):
                 assert call is not None
-                op = pb.Op(call=call)
-                size = op.ByteSize() + 6
+                op = pb.Op(call=call).SerializeToString()
+                size = len(op) + 6
                 if self._room(ps, pb.RowChange(table=f"call {call.name}"), size, ()):
                     txn.ops.setdefault(name, []).append(op)
                     txn.sizes[name] += size
@@ -248,20 +285,24 @@ class Session(SnapshotCrossing):
             r.shape = self.cap._cat().shape(r.name, r.rel.columns, self.prev_shapes.get(r.rel.oid))
         return r.shape
 
-    def _ops(self, ps: PubState, tab: TableState, shape: TableShape) -> list[pb.Op]:
+    def _ops(self, ps: PubState, tab: TableState, shape: TableShape) -> list[bytes]:
         txn = self.txn
         assert txn is not None
         ops = txn.ops.setdefault(ps.pub.name, [])
+        if tab.seen is shape and tab.logged is tab.seen_schema:
+            return ops  # the shape of the last row, its schema logged: nothing to compare
         schema = for_publication(shape.schema, ps.tables)
-        # ``is``: the schema object itself, as logged last, on every row of the
-        # table (no foreign key to drop); comparing contents costs per row.
-        if tab.logged is not schema and tab.logged != schema:
+        tab.seen = shape
+        if tab.logged is schema or tab.logged == schema:
+            tab.seen_schema = tab.logged
+        else:
+            tab.seen_schema = schema
             if tab.logged is not None and needs_copy(
                 tab.logged, schema, lambda names: self.cap._cat().filled(tab.name, names)
             ):
                 txn.recopy.append((ps.pub.name, tab.name.display))
-            ops.append(pb.Op(schema=schema))
-            txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + ops[-1].ByteSize() + 6
+            ops.append(pb.Op(schema=schema).SerializeToString())
+            txn.sizes[ps.pub.name] = txn.sizes.get(ps.pub.name, 0) + len(ops[-1]) + 6
             tab.logged = schema
             txn.logged.append((ps.pub.name, schema.table, schema))
         return ops
@@ -283,50 +324,59 @@ class Session(SnapshotCrossing):
         r = self.rels.get(ev.oid)
         if r is None:
             raise SourceError(f"change for relation {ev.oid} before its relation message")
-        targets = self._targets(r.name.display)
+        targets = self._targets(r.display)
         if not targets:
             return
         shape = self._shape(r)
-        infos = shape.infos
-        op = pb.Op()
-        rc = op.row  # filled in place: pb.Op(row=rc) would copy every value
-        rc.table = r.name.display
+        writer = r.writer
+        if writer is None:
+            writer = r.writer = RowWriter(r.display, shape.infos, shape.key_idx)
         if isinstance(ev, Insert):
-            rc.op = pb.ROW_OP_INSERT
-            rc.row.extend(to_value(_text(d), i) for d, i in zip(ev.new, infos, strict=True))
+            op = writer.insert(ev.new)
         elif isinstance(ev, Update):
-            rc.op = pb.ROW_OP_UPDATE
-            new = ev.new
-            if UNCHANGED in new and ev.old is None and self._copy_instead(r, targets):
-                return
+            new, old = ev.new, ev.old
             if UNCHANGED in new:
-                new = self._fill_unchanged(r, new, ev.old)
-            key_src = ev.old if ev.old is not None else new
-            rc.key.extend(to_value(_text(key_src[k]), infos[k]) for k in shape.key_idx)
-            rc.row.extend(to_value(_text(d), i) for d, i in zip(new, infos, strict=True))
+                if old is None and self._copy_instead(r, targets):
+                    return
+                new = self._fill_unchanged(r, new, old)
+            op = writer.update(old if old is not None else new, new)
         else:
-            rc.op = pb.ROW_OP_DELETE
-            rc.key.extend(to_value(_text(ev.old[k]), infos[k]) for k in shape.key_idx)
+            op = writer.delete(ev.old)
+        self._add(r, shape, targets, op, isinstance(ev, Insert))
+
+    def _add(
+        self,
+        r: RelState,
+        shape: TableShape,
+        targets: list[tuple[PubState, TableState]],
+        op: bytes,
+        inserting: bool,
+    ) -> None:
+        """Hold the row change ``op`` (a serialized Op) for each of ``targets``."""
         self.cap.changes += 1
-        size = op.ByteSize() + 6  # with its tag and length in the entry
+        size = len(op) + 6  # with its tag and length in the entry (an Op's ByteSize + 6)
+        txn = self.txn
+        assert txn is not None
         for ps, tab in targets:
-            if self._room(ps, rc, size, shape.key_idx):
+            if self._room(ps, op, size, shape.key_idx):
                 self._ops(ps, tab, shape).append(op)
-                txn = self.txn
-                assert txn is not None
                 txn.sizes[ps.pub.name] += size
-                if rc.op == pb.ROW_OP_INSERT:
+                if inserting:
                     txn.inserted.setdefault(ps.pub.name, {})[r.name] = None
 
-    def _room(self, ps: PubState, rc: pb.RowChange, size: int, key_idx: Sequence[int]) -> bool:
+    def _room(
+        self, ps: PubState, op: pb.RowChange | bytes, size: int, key_idx: Sequence[int]
+    ) -> bool:
         """Make room for an op of ``size`` bytes: send a fragment if it would not fit.
 
-        False when the op alone is over the limit: the publication is refused.
+        False when the op alone is over the limit: the publication is refused (``op``,
+        a serialized row Op or the RowChange that names it, says which row).
         """
         txn = self.txn
         assert txn is not None
         name, limit = ps.pub.name, self.cap.max_entry_bytes
         if size > limit:
+            rc = op if isinstance(op, pb.RowChange) else pb.Op.FromString(op).row
             self._refuse(name, rc, key_idx, size)
             txn.ops.pop(name, None)
             group = txn.groups.pop(name, None)
@@ -335,8 +385,9 @@ class Session(SnapshotCrossing):
             return False
         held = txn.sizes.setdefault(name, 0)
         if held and held + size > limit:
-            entry = pb.Entry(commit_time_us=txn.commit_time_us, origin=txn.origin)
-            entry.ops.extend(txn.ops.pop(name))
+            entry = entry_of(txn.ops.pop(name))
+            entry.commit_time_us = txn.commit_time_us
+            entry.origin = txn.origin
             txn.sizes[name] = 0
             group = txn.groups.get(name)
             if group is None:
@@ -394,28 +445,42 @@ class Session(SnapshotCrossing):
                 rc = pb.RowChange(
                     table=r.name.display, op=pb.ROW_OP_TRUNCATE, truncate_options=options
                 )
-                ops.append(pb.Op(row=rc))
+                ops.append(pb.Op(row=rc).SerializeToString())
 
     def _commit(self, ev: Commit) -> None:
         txn = self.txn
         if txn is None:
             raise SourceError("commit without a transaction in the stream")
         self.txn = None
-        positions = self.sequences.read(t for ts in txn.inserted.values() for t in ts)
+        positions = (
+            self.sequences.read(t for ts in txn.inserted.values() for t in ts)
+            if txn.inserted
+            else ()
+        )
         for pubname, ops in txn.ops.items():
             if not ops:
                 continue
             ps = self.state[pubname]
-            entry = pb.Entry(commit_time_us=ev.commit_time_us, origin=txn.origin)
-            entry.ops.extend(ops)
+            seqs: list[pb.SequencePosition] = []
             if positions and pubname in txn.inserted:
                 mine = {t.display for t in txn.inserted[pubname]}
-                entry.sequences.extend(p for p in positions if p.table in mine)
+                seqs = [p for p in positions if p.table in mine]
             group = txn.groups.get(pubname)
             if group is not None:
+                entry = entry_of(ops)
+                entry.commit_time_us = ev.commit_time_us
+                entry.origin = txn.origin
+                entry.sequences.extend(seqs)
                 group.add(entry, ev.commit_lsn)
-            else:
-                ps.pub.append(entry, position=ev.commit_lsn, wait=False)
+            else:  # the entry not built: its bytes written (publication.py)
+                ps.pub.append_encoded(
+                    framed(ops),
+                    ev.commit_lsn,
+                    commit_time_us=ev.commit_time_us,
+                    origin=txn.origin,
+                    sequences=seqs,
+                    wait=False,
+                )
                 self.cap.entries += 1
             self.touched.add(pubname)
         for group in txn.groups.values():
@@ -443,9 +508,7 @@ class Session(SnapshotCrossing):
         if self.txn is not None:
             return
         if self.watch is not None:
-            self.watch.poll(
-                {t: tab.name.sql for t, routes in self.routes.items() for _ps, tab in routes}
-            )
+            self.watch.poll(self.watched)
         wal_end = int(self.cur.wal_end or 0)
         first = self.cap._first_mark()
         if self.pending is not None or first is not None:
@@ -477,9 +540,3 @@ class Session(SnapshotCrossing):
         self.cur.send_feedback(flush_lsn=lsn, write_lsn=lsn)
         self.confirmed = lsn
         self.last_feedback = now
-
-
-def _text(d: Datum) -> str | None:
-    if d is UNCHANGED:
-        raise SourceError("unchanged TOAST value where a full value is needed")
-    return d  # type: ignore[return-value]

@@ -18,6 +18,7 @@ from publisher.capture.calls import CallScope
 from publisher.capture.groups import GroupWriter
 from publisher.capture.postgres._pgcatalog import TableName, TableShape
 from publisher.capture.postgres._pgoutput import Relation
+from publisher.capture.postgres._pgwire import RowWriter
 from publisher.publication import Publication
 
 __all__ = [
@@ -56,6 +57,10 @@ class TableState:
     complete: bool
     logged: pb.TableSchema | None  # the schema last logged in the publication
     recopy: bool = False  # a copy of the table is wanted after a schema change (_evolve)
+    # The schema ``for_publication`` gave for ``seen`` (a relation's shape), while it is
+    # the one logged: a row of the same shape then needs no comparison (_session._ops).
+    seen: TableShape | None = None
+    seen_schema: pb.TableSchema | None = None
 
 
 @dataclass(slots=True)
@@ -69,13 +74,18 @@ class RelState:
     name: TableName
     rel: Relation
     shape: TableShape | None = None  # resolved on first use
+    writer: RowWriter | None = None  # its rows' wire bytes (_pgwire.py), with the shape
+    display: str = ""  # ``name.display``, made once rather than per row
+
+    def __post_init__(self) -> None:
+        self.display = self.name.display
 
 
 @dataclass(slots=True)
 class Txn:
     final_lsn: int
     commit_time_us: int
-    ops: dict[str, list[pb.Op]] = field(default_factory=dict)
+    ops: dict[str, list[bytes]] = field(default_factory=dict)  # serialized Ops (_pgwire.py)
     logged: list[tuple[str, str, pb.TableSchema]] = field(default_factory=list)
     # Per publication: bytes of ``ops``, and the group its earlier fragments went to
     # (a transaction over max_entry_bytes: publisher/capture/groups.py).

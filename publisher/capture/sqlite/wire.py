@@ -42,11 +42,25 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import functools
-import struct
 from collections.abc import Sequence
 
 from common.rpc import txrepl_pb2 as pb
 from common.values import EPOCH_UTC, sqlite_text_factory, to_decimal
+from publisher.capture.protowire import (
+    BLOB_TAG,
+    DECIMAL_TAG,
+    FLOAT_TAG,
+    INT_TAG,
+    JSON_TAG,
+    NULL,
+    SMALL,
+    TEXT_TAG,
+    TZ_TAG,
+    double,
+    length,
+    varint,
+    zigzag,
+)
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image, parse_sql_literal
 
@@ -60,40 +74,7 @@ _TEXT = int(pb.COLUMN_TYPE_TEXT)
 _JSON = int(pb.COLUMN_TYPE_JSON)
 _BYTES = int(pb.COLUMN_TYPE_BYTES)
 
-_NULL = b"\x08\x01"  # field 1 (varint), true
-_INT_TAG = b"\x10"  # field 2, varint
-_FLOAT_TAG = b"\x21"  # field 4, 64-bit
-_TEXT_TAG = b"\x2a"  # field 5, length-delimited
-_BLOB_TAG = b"\x32"  # field 6
-_JSON_TAG = b"\x62"  # field 12
-_DECIMAL_TAG = b"\x1a"  # field 3, length-delimited
-_TZ_TAG = b"\x5a"  # field 11, a TimestampTz message: utc_us 1, offset_s 2 (sint)
 _INF = float("inf")
-_double = struct.Struct("<d").pack
-_SMALL = [bytes([n]) for n in range(128)]  # one-byte varints
-
-
-def _varint(n: int) -> bytes:
-    """``n`` (0 <= n < 2**64) as a protobuf varint."""
-    if n < 128:
-        return _SMALL[n]
-    if n < 16_384:
-        return bytes((n & 0x7F | 0x80, n >> 7))
-    out = []
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _length(tag: bytes, data: bytes) -> bytes:
-    n = len(data)
-    return tag + (_SMALL[n] if n < 128 else _varint(n)) + data
-
-
-def _zigzag(n: int) -> bytes:
-    return _varint(((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF)
 
 
 def _decimal(v: int | float, scale: int) -> bytes | None:
@@ -111,7 +92,7 @@ def _decimal(v: int | float, scale: int) -> bytes | None:
                 return None
     except decimal.InvalidOperation:
         return None
-    return _length(_DECIMAL_TAG, str(d).encode())
+    return length(DECIMAL_TAG, str(d).encode())
 
 
 @functools.cache
@@ -153,10 +134,10 @@ def _timestamptz(v: str) -> bytes | None:
                 offset = (oh * 3600 + om * 60) * (1 if sign == "+" else -1)
                 micro = int(v[20:26]) if n == 32 else 0
                 utc = (minute + second - offset) * 1_000_000 + micro
-                body = (b"\x08" + _zigzag(utc) if utc else b"") + (
-                    b"\x10" + _zigzag(offset) if offset else b""
+                body = (b"\x08" + zigzag(utc) if utc else b"") + (
+                    b"\x10" + zigzag(offset) if offset else b""
                 )
-                return _length(_TZ_TAG, body)
+                return length(TZ_TAG, body)
     return _timestamptz_parsed(v)
 
 
@@ -189,30 +170,30 @@ def _timestamptz_parsed(v: str) -> bytes | None:
     delta = ts - EPOCH_UTC
     utc = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
     offset = off.days * 86_400 + off.seconds  # whole seconds: isoformat() printed them
-    body = (b"\x08" + _zigzag(utc) if utc else b"") + (b"\x10" + _zigzag(offset) if offset else b"")
-    return _length(_TZ_TAG, body)
+    body = (b"\x08" + zigzag(utc) if utc else b"") + (b"\x10" + zigzag(offset) if offset else b"")
+    return length(TZ_TAG, body)
 
 
 def value_bytes(v: object, ctype: int, scale: int) -> bytes:
     """``encode_stored(v, ctype, scale).SerializeToString()``, fast for the plain forms."""
     if v is None:
-        return _NULL
+        return NULL
     kind = type(v)
     got: bytes | None = None
     if kind is int:
         if ctype == _INTEGER and -(2**63) <= v < 2**63:  # type: ignore[operator]
-            return _INT_TAG + _zigzag(v)  # type: ignore[arg-type]
+            return INT_TAG + zigzag(v)  # type: ignore[arg-type]
         if ctype == _FLOAT and -(2**53) <= v <= 2**53:  # type: ignore[operator]
-            return _FLOAT_TAG + _double(float(v))  # type: ignore[arg-type]
+            return FLOAT_TAG + double(float(v))  # type: ignore[arg-type]
         if ctype == _DECIMAL:
             got = _decimal(v, scale)  # type: ignore[arg-type]
     elif kind is float:
         if ctype == _FLOAT:
-            return _FLOAT_TAG + _double(v)
+            return FLOAT_TAG + double(v)
         if ctype == _DECIMAL and v == v and v != _INF and v != -_INF:
             got = _decimal(v, scale)  # type: ignore[arg-type]
             if got is None:  # the scale would round it: the float as stored
-                return _FLOAT_TAG + _double(v)
+                return FLOAT_TAG + double(v)
     elif kind is str:
         if ctype == _TIMESTAMPTZ:
             got = _timestamptz(v)  # type: ignore[arg-type]
@@ -222,9 +203,9 @@ def value_bytes(v: object, ctype: int, scale: int) -> bytes:
             except UnicodeEncodeError:  # surrogate escapes: text_bytes, by encode_stored
                 pass
             else:
-                return _length(_TEXT_TAG if ctype == _TEXT else _JSON_TAG, data)
+                return length(TEXT_TAG if ctype == _TEXT else JSON_TAG, data)
     elif kind is bytes and ctype == _BYTES:
-        return _length(_BLOB_TAG, v)  # type: ignore[arg-type]
+        return length(BLOB_TAG, v)  # type: ignore[arg-type]
     if got is not None:
         return got
     return encode_stored(v, ctype, scale).SerializeToString()
@@ -251,7 +232,7 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
             i = start + int(data[i + 1 : colon])
             raw = data[start:i]
             if tag == _B:
-                out.append(_length(_BLOB_TAG, raw) if t == _BYTES else value_bytes(raw, t, s))
+                out.append(length(BLOB_TAG, raw) if t == _BYTES else value_bytes(raw, t, s))
                 continue
             if t in (_TEXT, _JSON):
                 try:
@@ -259,7 +240,7 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
                 except UnicodeDecodeError:  # kept as stored: text_bytes
                     pass
                 else:
-                    out.append(_length(_TEXT_TAG if t == _TEXT else _JSON_TAG, raw))
+                    out.append(length(TEXT_TAG if t == _TEXT else JSON_TAG, raw))
                     continue
             out.append(value_bytes(sqlite_text_factory(raw), t, s))
             continue
@@ -267,7 +248,7 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
         literal = data[i:comma]
         i = comma + 1
         if literal == b"NULL":
-            out.append(_NULL)
+            out.append(NULL)
             continue
         if b"." in literal:  # a real: no int() attempt, whose exception costs ~1 us
             v: object = parse_sql_literal(literal.decode("ascii"))
@@ -278,7 +259,7 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
                 v = parse_sql_literal(literal.decode("ascii"))
             else:
                 if t == _INTEGER and -(2**63) <= v < 2**63:
-                    out.append(_INT_TAG + _zigzag(v))
+                    out.append(INT_TAG + zigzag(v))
                     continue
         out.append(value_bytes(v, t, s))
     return out
@@ -287,17 +268,17 @@ def image_wire(image: object, types: Sequence[tuple[int, int]]) -> list[bytes]:
 def row_op(table: bytes, op: int, key: list[bytes] | None, row: list[bytes] | None) -> bytes:
     """The serialized ``Op`` holding the row change: ``table`` (UTF-8), ``op`` (a
     RowOp), and the key's and row's serialized Values (None: the field is absent)."""
-    parts = [_length(b"\x0a", table)] if table else []
+    parts = [length(b"\x0a", table)] if table else []
     if op:
-        parts.append(b"\x10" + _varint(op))
+        parts.append(b"\x10" + varint(op))
     for tag, values in ((b"\x1a", key), (b"\x22", row)):
         if values is not None:
             for v in values:
-                parts.append(tag + _SMALL[len(v)] + v if len(v) < 128 else _length(tag, v))
-    return _length(b"\x0a", b"".join(parts))
+                parts.append(tag + SMALL[len(v)] + v if len(v) < 128 else length(tag, v))
+    return length(b"\x0a", b"".join(parts))
 
 
 def entry_op(op: bytes) -> bytes:
     """A serialized ``Op`` as one element of ``Entry.ops`` (field 3): entries are
     joined from these and parsed once, in C, rather than built op by op."""
-    return _length(b"\x1a", op)
+    return length(b"\x1a", op)

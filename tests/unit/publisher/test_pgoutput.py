@@ -26,21 +26,13 @@ from publisher.capture.postgres._pgoutput import (
 )
 from publisher.capture.postgres._pgtypes import TypeInfo, numeric_typmod, to_value
 from publisher.capture.postgres._pgwal2json import Wal2JsonDecoder
+from tests.support.pgoutput import tuple_data
 
 T = pb.ColumnType
 
 
 def _tuple(*cols: str | object | None) -> bytes:
-    out = struct.pack(">h", len(cols))
-    for c in cols:
-        if c is None:
-            out += b"n"
-        elif c is UNCHANGED:
-            out += b"u"
-        else:
-            data = str(c).encode()
-            out += b"t" + struct.pack(">i", len(data)) + data
-    return out
+    return tuple_data(cols)
 
 
 def test_begin_and_commit() -> None:
