@@ -16,6 +16,9 @@ are the few pieces of the encoding they share (protobuf's "Encoding" guide):
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable
+
+from common.rpc import txrepl_pb2 as pb
 
 __all__ = [
     "BLOB_TAG",
@@ -29,6 +32,8 @@ __all__ = [
     "TEXT_TAG",
     "TZ_TAG",
     "double",
+    "entry_of",
+    "framed",
     "length",
     "varint",
     "zigzag",
@@ -73,3 +78,13 @@ def length(tag: bytes, data: bytes) -> bytes:
 def zigzag(n: int) -> bytes:
     """A ``sint64`` (or an in-range ``sint32``) ``n`` as its zigzag varint."""
     return varint(((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF)
+
+
+def framed(ops: Iterable[bytes]) -> bytes:
+    """``ops`` (each a serialized Op) as the bytes of an Entry's ``ops`` field (3)."""
+    return b"".join([length(b"\x1a", op) for op in ops])
+
+
+def entry_of(ops: Iterable[bytes]) -> pb.Entry:
+    """An Entry holding ``ops`` (each a serialized Op), parsed once, in C."""
+    return pb.Entry.FromString(framed(ops))

@@ -29,7 +29,7 @@ primitives)::
                10 op                               (op = 2: 1 insert, 2 update, 3 delete)
                1a len Value ...                    (key = 3: update and delete)
                22 len Value ...                    (row = 4: insert and update)
-    Entry ops  1a len Op ...                       (ops = 3; ``framed``)
+    Entry ops  1a len Op ...                       (ops = 3; ``protowire.framed``)
 
     Value      08 01                 NULL
                10 zigzag             INTEGER        (sint64; outside it: text)
@@ -90,12 +90,12 @@ from publisher.capture.protowire import (
 )
 from publisher.errors import SourceError
 
-__all__ = ["RowWriter", "entry_of", "framed", "value_wire"]
+__all__ = ["RowWriter", "value_wire"]
 
 T = pb.ColumnType
 _FALLBACK = (ValueError, ArithmeticError, OverflowError)  # what to_value carries as text
 _TRUE, _FALSE = BOOLEAN_TAG + b"\x01", BOOLEAN_TAG + b"\x00"
-_KEY, _ROW, _OPS = b"\x1a", b"\x22", b"\x1a"  # RowChange.key, RowChange.row, Entry.ops
+_KEY, _ROW = b"\x1a", b"\x22"  # RowChange.key, RowChange.row
 
 Wire = Callable[[str], bytes]
 
@@ -310,13 +310,3 @@ class RowWriter:
             return length(b"\x0a", self._update + b"".join(old) + b"".join(row))
         except _BAD:
             return None
-
-
-def framed(ops: Iterable[bytes]) -> bytes:
-    """``ops`` (each a serialized Op) as the bytes of an Entry's ``ops`` field."""
-    return b"".join([length(_OPS, op) for op in ops])
-
-
-def entry_of(ops: Iterable[bytes]) -> pb.Entry:
-    """An Entry holding ``ops`` (each a serialized Op), parsed once."""
-    return pb.Entry.FromString(framed(ops))

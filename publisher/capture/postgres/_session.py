@@ -62,7 +62,7 @@ from publisher.capture.postgres._pgoutput import (
     parse_pgoutput,
 )
 from publisher.capture.postgres._pgwal2json import WAL2JSON_OPTIONS, OriginNames, Wal2JsonDecoder
-from publisher.capture.postgres._pgwire import RowWriter, entry_of, framed
+from publisher.capture.postgres._pgwire import RowWriter
 from publisher.capture.postgres._sequences import SequencePositions
 from publisher.capture.postgres._state import (
     PendingSnapshot,
@@ -71,6 +71,7 @@ from publisher.capture.postgres._state import (
     TableState,
     Txn,
 )
+from publisher.capture.protowire import entry_of, framed
 from publisher.errors import RowTooLarge, SourceError, key_text
 from publisher.publication import Publication
 

@@ -36,9 +36,10 @@ from typing import NamedTuple
 from common.calls import parse_call
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.protowire import entry_of
 from publisher.capture.sqlite.constraints import published
 from publisher.capture.sqlite.images import image_values_at
-from publisher.capture.sqlite.wire import entry_op, image_wire, row_op
+from publisher.capture.sqlite.wire import image_wire, row_op
 from publisher.errors import RowTooLarge, key_text
 
 __all__ = ["CapturedRow", "EntryBuilder", "Shape"]
@@ -98,7 +99,7 @@ class EntryBuilder:
         """
         limit = max_bytes if max_bytes is not None else 2**62
         entries: list[pb.Entry] = []
-        parts: list[bytes] = []  # the open entry's ops, as Entry.ops elements (wire.py)
+        parts: list[bytes] = []  # the open entry's serialized ops (wire.py)
         size = 0
         last = after_id
         logged = self._logged
@@ -117,9 +118,9 @@ class EntryBuilder:
                     limit=limit,
                 )
             if size + n > limit and parts:
-                entries.append(pb.Entry.FromString(b"".join(parts)))
+                entries.append(entry_of(parts))
                 parts, size = [], 0
-            parts.append(entry_op(op))
+            parts.append(op)
             size += n
 
         for r in rows:
@@ -170,7 +171,7 @@ class EntryBuilder:
                 shape.key_idx,
             )
         if parts:
-            entries.append(pb.Entry.FromString(b"".join(parts)))
+            entries.append(entry_of(parts))
         now = int(time.time() * 1_000_000)
         for e in entries:
             e.commit_time_us = now

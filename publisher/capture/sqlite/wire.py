@@ -33,8 +33,8 @@ to be UTF-8, a BLOB's are as they are, an integer literal is read by ``int``; th
 other values are read as images.py reads them and written by :func:`value_bytes`.
 A ``RowChange`` is then written field by field in field-number order (table 1, op 2,
 each key Value 3, each row Value 4), the order upb serializes in, inside its ``Op``
-(field 1); an entry's ops are joined as ``Entry.ops`` elements (field 3) and parsed
-once, in C, into the entry the log receives: the bytes logged are the same as before.
+(field 1); an entry's ops are framed as ``Entry.ops`` (``protowire.entry_of``) and
+parsed once, in C, into the entry the log receives: the bytes logged are the same as before.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ from publisher.capture.protowire import (
     INT_TAG,
     JSON_TAG,
     NULL,
-    SMALL,
     TEXT_TAG,
     TZ_TAG,
     double,
@@ -64,7 +63,7 @@ from publisher.capture.protowire import (
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image, parse_sql_literal
 
-__all__ = ["entry_op", "image_wire", "row_op", "value_bytes"]
+__all__ = ["image_wire", "row_op", "value_bytes"]
 
 _INTEGER = int(pb.COLUMN_TYPE_INTEGER)
 _DECIMAL = int(pb.COLUMN_TYPE_DECIMAL)
@@ -148,7 +147,7 @@ def _minute(prefix: str) -> int | None:
         at = dt.datetime.fromisoformat(prefix)
     except ValueError:
         return None
-    if at.isoformat()[:16] != prefix or len(prefix) != 16:
+    if at.isoformat()[:16] != prefix:
         return None
     delta = at.replace(tzinfo=dt.UTC) - EPOCH_UTC
     seconds = delta.days * 86_400 + delta.seconds
@@ -273,12 +272,5 @@ def row_op(table: bytes, op: int, key: list[bytes] | None, row: list[bytes] | No
         parts.append(b"\x10" + varint(op))
     for tag, values in ((b"\x1a", key), (b"\x22", row)):
         if values is not None:
-            for v in values:
-                parts.append(tag + SMALL[len(v)] + v if len(v) < 128 else length(tag, v))
+            parts.extend(length(tag, v) for v in values)
     return length(b"\x0a", b"".join(parts))
-
-
-def entry_op(op: bytes) -> bytes:
-    """A serialized ``Op`` as one element of ``Entry.ops`` (field 3): entries are
-    joined from these and parsed once, in C, rather than built op by op."""
-    return length(b"\x1a", op)

@@ -25,7 +25,8 @@ from publisher.capture.postgres._pgoutput import (
     parse_pgoutput,
 )
 from publisher.capture.postgres._pgtypes import TypeInfo, to_value
-from publisher.capture.postgres._pgwire import RowWriter, entry_of, framed, value_wire
+from publisher.capture.postgres._pgwire import RowWriter, value_wire
+from publisher.capture.protowire import entry_of, framed
 from publisher.config import PublicationConfig
 from publisher.errors import SourceError
 from publisher.log import open_log
