@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ __all__ = [
     "encode_natural",
     "encode_row",
     "parse_declared_type",
+    "quantized",
     "sqlite_text_factory",
     "to_datetime",
     "to_decimal",
@@ -97,8 +99,27 @@ def to_decimal(v: object, scale: int) -> decimal.Decimal | None:
     if not d.is_finite():
         return d
     if scale:
-        return d.quantize(decimal.Decimal(1).scaleb(-scale))
+        return quantized(d, scale)
     return d
+
+
+def quantized(d: decimal.Decimal, scale: int) -> decimal.Decimal:
+    """Finite ``d`` rounded to ``scale`` decimals (the context's rounding), however many
+    digits that takes: the default context stops at 28 and raised InvalidOperation for,
+    say, a 19-digit integer in a DECIMAL(30,12) column (found 2026-11-25)."""
+    quantum = _quantum(scale)
+    try:
+        return d.quantize(quantum)
+    except decimal.InvalidOperation:
+        ctx = decimal.getcontext()
+        wide = ctx.copy()
+        wide.prec = max(ctx.prec, max(d.adjusted() + 1, 1) + scale)
+        return d.quantize(quantum, context=wide)
+
+
+@functools.cache
+def _quantum(scale: int) -> decimal.Decimal:
+    return decimal.Decimal(1).scaleb(-scale)
 
 
 def _to_bool(v: object) -> bool | None:

@@ -30,7 +30,8 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            of the phase are reported beside it (``_cpu.py``); with
            ``TXREPL_BENCH_PROFILE=<path of py-spy>`` the paced phase also records the
            publisher (collapsed stacks in the results directory;
-           ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both).
+           ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both; the
+           cold measure is recorded too, from each daemon's launch to the final state).
 cold       both daemons down while the whole stream (T + 1 transactions) runs on the
            source; then the publisher starts, then the subscriber (txrepl only: the
            native publisher is the source cluster itself): seconds from the
@@ -164,6 +165,9 @@ class Settings:
     systems: tuple[str, ...] = SYSTEMS
     measures: tuple[str, ...] = ("catch_up", "lag", "cold")
     profile: str = ""  # TXREPL_BENCH_PROFILE: py-spy's path (tests/bench/_cpu.py)
+    # TXREPL_BENCH_PROFILE_DAEMONS: the daemons py-spy records (read here: the variables
+    # are hidden from the environment while the daemons run, scrubbed_bench_env)
+    profile_daemons: tuple[str, ...] = ("publisher",)
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -176,6 +180,11 @@ class Settings:
             systems=_env_list("TXREPL_BENCH_SYSTEMS", SYSTEMS + EXTRA_SYSTEMS, SYSTEMS),
             measures=_env_list("TXREPL_BENCH_MEASURES", ("catch_up", "lag", "cold")),
             profile=os.environ.get("TXREPL_BENCH_PROFILE", ""),
+            profile_daemons=tuple(
+                w.strip()
+                for w in os.environ.get("TXREPL_BENCH_PROFILE_DAEMONS", "publisher").split(",")
+                if w.strip()
+            ),
         )
 
 
@@ -1069,8 +1078,13 @@ def cold_start(
         launched = time.time()
         rig.start_publisher()
         publisher_s = time.time() - launched
-        rig.start_subscriber()
-        done, same, peak = _final_state(rig, source, last)
+        with contextlib.ExitStack() as spies:
+            # TXREPL_BENCH_PROFILE: py-spy on the running daemons until the final state
+            # (the publisher from just after it is up, the subscriber from its launch)
+            _spy(spies, rig, f"cold-{run}")
+            rig.start_subscriber()
+            _spy(spies, rig, f"cold-{run}", only=("subscriber",))
+            done, same, peak = _final_state(rig, source, last)
         return {
             "system": rig.name,
             "measure": "cold",
@@ -1084,6 +1098,18 @@ def cold_start(
         }
     finally:
         rig.teardown()
+
+
+def _spy(
+    spies: contextlib.ExitStack, rig: Rig, phase: str, only: tuple[str, ...] = ("publisher",)
+) -> None:
+    """Record each running daemon of ``only`` that ``TXREPL_BENCH_PROFILE_DAEMONS`` names."""
+    if PROFILE.py_spy is None:
+        return
+    for kind, daemon in rig.daemons().items():
+        if kind in only and kind in PROFILE.daemons and daemon.proc is not None:
+            to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{phase}-{kind}.txt"
+            spies.enter_context(py_spy(PROFILE.py_spy, daemon.proc.pid, to))
 
 
 def _peak_rss_mib(daemon: Daemon | None) -> dict[str, float]:
@@ -1420,8 +1446,7 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
 def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
     results_dir.mkdir(parents=True, exist_ok=True)
     PROFILE.py_spy, PROFILE.out = cfg.profile or None, results_dir
-    spied = os.environ.get("TXREPL_BENCH_PROFILE_DAEMONS", "publisher")
-    PROFILE.daemons = tuple(w.strip() for w in spied.split(",") if w.strip())
+    PROFILE.daemons = cfg.profile_daemons
     print(f"W1: T={cfg.t}, lag phases of {cfg.lag_t} txns, {cfg.runs} runs, rate {cfg.rate} txn/s")
     txns = generate(max(cfg.t + 1, 2 * cfg.lag_t + 2))  # + a restart's transaction
     catch = txns[: cfg.t + 1]

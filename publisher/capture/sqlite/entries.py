@@ -39,7 +39,7 @@ from common.rpc import txrepl_pb2 as pb
 from publisher.capture.protowire import entry_of
 from publisher.capture.sqlite.constraints import published
 from publisher.capture.sqlite.images import image_values_at
-from publisher.capture.sqlite.wire import image_wire, row_op
+from publisher.capture.sqlite.wire import image_fields, row_op, table_field
 from publisher.errors import RowTooLarge, key_text
 
 __all__ = ["CapturedRow", "EntryBuilder", "Shape"]
@@ -103,7 +103,9 @@ class EntryBuilder:
         size = 0
         last = after_id
         logged = self._logged
-        names: dict[str, bytes] = {}
+        # (generation, table) -> its shape and the wire's table field, for the rows whose
+        # schema op the log has had: the per-row checks done once per shape
+        ready: dict[tuple[int | None, str], tuple[Shape, bytes]] = {}
 
         def room(op: bytes, key_idx: Sequence[int] = ()) -> None:
             nonlocal parts, size
@@ -130,7 +132,8 @@ class EntryBuilder:
             if r.op == "C":  # a call this publication records (publisher/capture/calls.py)
                 room(pb.Op(call=parse_call(r.v)).SerializeToString())  # type: ignore[arg-type]
                 continue
-            added = tables.get(r.tbl)
+            tbl = r.tbl
+            added = tables.get(tbl)
             if added is None or r.id < added:
                 continue
             if r.pub is not None and r.pub != publication:
@@ -139,37 +142,44 @@ class EntryBuilder:
                 assert isinstance(r.v, bytes)
                 op = pb.Op()
                 op.schema.MergeFromString(r.v)
-                op.schema.table = format_table(None, r.tbl)
+                op.schema.table = format_table(None, tbl)
                 room(published(op, tables).SerializeToString())
-                logged[(publication, r.tbl)] = r.gen
+                logged[(publication, tbl)] = r.gen
+                ready.clear()
                 continue
-            shape = self._shape(r.gen, r.tbl)
-            if (publication, r.tbl) not in logged or logged[(publication, r.tbl)] != r.gen:
-                op = pb.Op()
-                op.schema.CopyFrom(shape.schema)
-                op.schema.table = format_table(None, r.tbl)
-                room(published(op, tables).SerializeToString())
-                logged[(publication, r.tbl)] = r.gen
+            known = ready.get((r.gen, tbl))
+            if known is None:  # a shape not met yet in this call, or whose schema op is due
+                shape = self._shape(r.gen, tbl)
+                if logged.get((publication, tbl), _NONE) != r.gen:
+                    op = pb.Op()
+                    op.schema.CopyFrom(shape.schema)
+                    op.schema.table = format_table(None, tbl)
+                    room(published(op, tables).SerializeToString())
+                    logged[(publication, tbl)] = r.gen
+                    ready.clear()  # another generation of tbl needs its schema again
+                wire_name = table_field(format_table(None, tbl).encode())  # common/names.py
+                known = ready[(r.gen, tbl)] = (shape, wire_name)
+            shape, wire_name = known
             if r.size > limit:
                 raise RowTooLarge(
                     publication=publication,
-                    table=r.tbl,
+                    table=tbl,
                     key=self._large_key(r, shape),
                     size=r.size,
                     limit=limit,
                 )
-            wire_name = names.get(r.tbl)
-            if wire_name is None:  # the wire's form (common/names.py)
-                wire_name = names[r.tbl] = format_table(None, r.tbl).encode()
-            room(
-                row_op(  # wire.py: the bytes pb.Value objects would serialize to
-                    wire_name,
-                    _OPS[r.op],
-                    None if r.k is None else image_wire(r.k, shape.key_types),
-                    None if r.v is None else image_wire(r.v, shape.types),
-                ),
-                shape.key_idx,
+            op_bytes = row_op(  # wire.py: the bytes pb.Value objects would serialize to
+                wire_name,
+                _OPS[r.op],
+                None if r.k is None else image_fields(r.k, shape.key_types, b"\x1a"),
+                None if r.v is None else image_fields(r.v, shape.types, b"\x22"),
             )
+            n = len(op_bytes) + 6
+            if size + n <= limit:  # room(), inline: most ops fit
+                parts.append(op_bytes)
+                size += n
+            else:
+                room(op_bytes, shape.key_idx)
         if parts:
             entries.append(entry_of(parts))
         now = int(time.time() * 1_000_000)
@@ -188,6 +198,8 @@ class EntryBuilder:
         shown = (f"{k}={x!r:.60}" for k, x in zip(shape.schema.primary_key, values, strict=False))
         return "(" + ", ".join(shown) + ")"
 
+
+_NONE = object()  # no generation logged yet (a generation may be None)
 
 _OPS = {
     "I": int(pb.ROW_OP_INSERT),

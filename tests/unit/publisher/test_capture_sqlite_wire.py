@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from common.rpc import txrepl_pb2 as pb
+from publisher.capture.protowire import length
 from publisher.capture.sqlite import SqliteCapture
 from publisher.capture.sqlite.exact import encode_stored
 from publisher.capture.sqlite.images import decode_image
-from publisher.capture.sqlite.wire import image_wire, row_op, value_bytes
+from publisher.capture.sqlite.wire import image_fields, row_op, table_field, value_bytes
 
 TYPES = [t for t in pb.ColumnType.values() if t != pb.COLUMN_TYPE_UNSPECIFIED] + [
     pb.COLUMN_TYPE_UNSPECIFIED
@@ -60,7 +61,8 @@ def _random_value(rng: random.Random) -> object:
     if kind == 0:
         return rng.randrange(-(2**63), 2**63)
     if kind == 1:
-        return rng.choice([rng.uniform(-1e6, 1e6), round(rng.uniform(-1e4, 1e4), 2)])
+        digits = rng.randrange(0, 9)  # a price, a rate: few decimals (wire.py's DECIMAL form)
+        return rng.choice([rng.uniform(-1e6, 1e6), round(rng.uniform(-1e4, 1e4), digits)])
     if kind == 2:
         return "".join(chr(rng.choice([rng.randrange(32, 127), rng.randrange(160, 0x2FFF)]))
                        for _ in range(rng.randrange(0, 150)))  # fmt: skip
@@ -78,6 +80,11 @@ def test_value_bytes_equal_the_serialized_value(ctype: int) -> None:
         for scale in (0, 2):
             want = encode_stored(value, ctype, scale).SerializeToString()
             assert value_bytes(value, ctype, scale) == want, (value, scale)
+
+
+def _fields(values: list[object], types: list[tuple[int, int]], tag: bytes) -> bytes:
+    wire = (value_bytes(v, *ts) for v, ts in zip(values, types, strict=False))
+    return b"".join(length(tag, v) for v in wire)
 
 
 def test_a_row_op_equals_the_op_built_from_objects() -> None:
@@ -98,10 +105,10 @@ def test_a_row_op_equals_the_op_built_from_objects() -> None:
         if has_row:
             want.row.row.extend(encode_stored(v, *ts) for v, ts in zip(row, types, strict=False))
         got = row_op(
-            table.encode(),
+            table_field(table.encode()),
             int(op),
-            [value_bytes(v, *ts) for v, ts in zip(key, types, strict=False)] if has_key else None,
-            [value_bytes(v, *ts) for v, ts in zip(row, types, strict=False)] if has_row else None,
+            _fields(key, types, b"\x1a") if has_key else None,
+            _fields(row, types, b"\x22") if has_row else None,
         )
         assert pb.Op.FromString(got) == want
         assert got == want.SerializeToString()
@@ -111,13 +118,15 @@ def test_a_row_op_equals_the_op_built_from_objects() -> None:
 # and one without a declared type; any value goes into any of them (SQLite's affinity).
 DECLARED = [
     "INTEGER", "BIGINT", "REAL", "DOUBLE", "DECIMAL(12,2)", "NUMERIC", "TEXT", "VARCHAR(5)",
+    "DECIMAL(18,6)", "DECIMAL(20,7)", "DECIMAL(30,12)", "DECIMAL(3,1)",
     "BLOB", "BOOLEAN", "DATE", "TIME", "TIMESTAMP", "TIMESTAMPTZ", "JSON", "",
 ]  # fmt: skip
 
 
 def test_images_captured_by_sqlite_become_the_same_bytes(tmp_path: Path) -> None:
-    """Real row images written by the capture triggers: ``image_wire`` gives what
-    reading them (images.py) and encoding each value (exact.py) gives."""
+    """Real row images written by the capture triggers: ``image_fields`` gives what
+    reading them (images.py) and encoding each value (exact.py) gives, each Value
+    inside its key or row field."""
     src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
     cols = ", ".join(f"c{i} {d}" for i, d in enumerate(DECLARED))
     src.execute(f"CREATE TABLE t(id INTEGER PRIMARY KEY, {cols})")
@@ -145,8 +154,49 @@ def test_images_captured_by_sqlite_become_the_same_bytes(tmp_path: Path) -> None
         for image, types in ((r.k, shape.key_types), (r.v, shape.types)):
             if image is None:
                 continue
-            want = [
-                encode_stored(x, *ts).SerializeToString()
-                for x, ts in zip(decode_image(image), types, strict=False)
-            ]
-            assert image_wire(image, types) == want, r
+            for tag in (b"\x1a", b"\x22"):
+                want = b"".join(
+                    length(tag, encode_stored(x, *ts).SerializeToString())
+                    for x, ts in zip(decode_image(image), types, strict=False)
+                )
+                assert image_fields(image, types, tag) == want, r
+
+
+@pytest.mark.parametrize("scale", range(13))
+def test_decimal_reals_written_by_quote_become_the_same_decimal_text(
+    tmp_path: Path, scale: int
+) -> None:
+    """A DECIMAL column's reals as quote() writes them (wire.py reads the plain ones as
+    text): zeros, signs, every count of decimals around the scale, 15 to 17 digits."""
+    src = sqlite3.connect(str(tmp_path / "src.db"), isolation_level=None)
+    src.execute(f"CREATE TABLE t(id INTEGER PRIMARY KEY, d DECIMAL(30,{scale}))")
+    cap = SqliteCapture(tmp_path / "src.db")
+    cap.install("p", "inc-1", ["t"])
+    rng = random.Random(scale)
+    values: list[object] = [0.0, -0.0, 0.5, -0.5, 0.1, 1e15, 123456789012345.0, 1e-4, 1e-5]
+    values += [9.999999, 99999999999999.9, 0.30000000000000004, 1 / 3, 2.5e-7, 1e22]
+    for _ in range(300):
+        digits = rng.randrange(0, 17)
+        values.append(round(rng.uniform(-(10.0 ** rng.randrange(0, 15)), 1e6), digits))
+    src.executemany("INSERT INTO t(d) VALUES (?)", [(v,) for v in values])
+    shape = cap._shape(None, "t")
+    rows = [r for r in cap.read(0) if r.op == "I"]
+    assert len(rows) == len(values)
+    for r in rows:
+        want = b"".join(
+            length(b"\x22", encode_stored(x, *ts).SerializeToString())
+            for x, ts in zip(decode_image(r.v), shape.types, strict=False)
+        )
+        assert image_fields(r.v, shape.types, b"\x22") == want, r
+
+
+@pytest.mark.parametrize(
+    "literal", ["1234567890123456.7", "123456789012345.67", "0.1000000000000000055", "-1.5", "7.0"]
+)
+def test_a_plain_real_of_many_digits_is_read_as_its_double(literal: str) -> None:
+    """Past 15 digits a plain literal (quote() prints such reals as exponents today) is
+    not the double's shortest text: its Value comes from the double, not the text."""
+    for scale in range(1, 7):
+        types = [(int(pb.COLUMN_TYPE_DECIMAL), scale)]
+        want = length(b"\x22", encode_stored(float(literal), *types[0]).SerializeToString())
+        assert image_fields(f"{literal},".encode(), types, b"\x22") == want, scale
