@@ -281,7 +281,7 @@ def image_fields(image: object, types: Sequence[tuple[int, int]], tag: bytes) ->
                     v = parse_sql_literal(literal.decode("ascii"))
                 else:
                     if t == _FLOAT:
-                        out.append(tag + b"\x09" + FLOAT_TAG + double(v))  # type: ignore[arg-type]
+                        out.append(tag + b"\x09" + FLOAT_TAG + double(v))
                         continue
             else:
                 try:
@@ -346,7 +346,7 @@ def table_field(table: bytes) -> bytes:
     return length(b"\x0a", table) if table else b""
 
 
-_OP_FIELDS = {op: b"\x10" + varint(op) if op else b"" for op in pb.RowOp.values()}
+_OP_FIELDS = {int(op): b"\x10" + varint(op) if op else b"" for op in pb.RowOp.values()}
 
 
 def row_op(table: bytes, op: int, key: bytes | None, row: bytes | None) -> bytes:

@@ -22,7 +22,7 @@ BIG = [
 def test_a_long_decimal_keeps_every_digit_at_its_scale(value: object, scale: int) -> None:
     got = to_decimal(value, scale)
     assert got is not None
-    exact = decimal.Decimal(repr(value)) if isinstance(value, float) else decimal.Decimal(value)
+    exact = decimal.Decimal(repr(value) if isinstance(value, float) else str(value))
     assert got.as_tuple().exponent == -scale
     # the value itself, rounded half-even at the scale (here: nothing lost but the 31st decimal)
     assert abs(got - exact) <= decimal.Decimal(1).scaleb(-scale) / 2

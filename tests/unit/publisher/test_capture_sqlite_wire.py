@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -82,7 +83,7 @@ def test_value_bytes_equal_the_serialized_value(ctype: int) -> None:
             assert value_bytes(value, ctype, scale) == want, (value, scale)
 
 
-def _fields(values: list[object], types: list[tuple[int, int]], tag: bytes) -> bytes:
+def _fields(values: list[object], types: Sequence[tuple[int, int]], tag: bytes) -> bytes:
     wire = (value_bytes(v, *ts) for v, ts in zip(values, types, strict=False))
     return b"".join(length(tag, v) for v in wire)
 
