@@ -236,6 +236,11 @@ class ApplyConfig:
     # (docs/apply.md; 1,000,000 keeps catch-up batches in the driver too); 0 sends
     # every batch through Spark.
     spark_min_rows: int = 10_000
+    # PostgreSQL targets: "off" commits batches of rows without waiting for the WAL's
+    # fsync (as PostgreSQL's own apply worker does), and acknowledges a level only once
+    # the target's flushed WAL passed it (subscriber/targets/postgres/_durable.py);
+    # "on" commits with the server's own setting.  Other targets always commit durably.
+    synchronous_commit: Literal["on", "off"] = "off"
     tables: dict[str, TableApplyConfig] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:

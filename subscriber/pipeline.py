@@ -19,7 +19,8 @@ applied are dropped (:meth:`Batcher.drop`, :attr:`ApplyPipeline.ending`) and the
 next Hello carries the applied level, so the publisher resends from level + 1.
 A gap (first seq != expected) is refused by the stream before it gets here.
 The ack only lets the publisher's retention and status move on: a lost ack
-loses nothing.
+loses nothing.  An ack never runs ahead of what the target holds durably
+(subscriber/acks.py: a PostgreSQL target may commit asynchronously).
 
 Latency (issue 23): a batch is gathered the moment anything is queued
 (natural batching, subscriber.batcher) and applied at once; each applied batch
@@ -37,6 +38,7 @@ from collections.abc import Callable
 import structlog
 
 from common.latency import StageLatency
+from subscriber.acks import DurableAcks
 from subscriber.apply import AnyEntry, Applier, ApplyResult, Planned, RawEntry
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig
@@ -78,6 +80,7 @@ class ApplyPipeline:
     async def run(self) -> None:
         """Apply batches until the batcher ends the session (or an apply fails)."""
         batcher, st = self.batcher, self.state
+        acks = DurableAcks(self.applier, self.stream, st.level)
         ahead: (
             tuple[int, int, bool, float, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None
         ) = None
@@ -171,10 +174,11 @@ class ApplyPipeline:
                     lag_ms=round((now - entries[-1].commit_time_us / 1e6) * 1000, 1),
                     oldest_ms=round((now - entries[0].commit_time_us / 1e6) * 1000, 1),
                 )
-                await self.stream.ack(st.level)
+                await acks.applied(st.level)
                 if st.at_head() and self.on_in_sync():
                     return
         finally:
+            await acks.close()
             if ahead is not None:
                 # A plan thread cannot be cancelled: let it end before the session does.
                 with contextlib.suppress(BaseException):

@@ -17,6 +17,8 @@ next state (the diagram is in subscriber.state; the errors in subscriber.errors)
     Interrupted .................... reconnect at once (or stay paused/stopped)
     InvalidSubscriber .............. ``invalid``, until an operator's reconnect
     ``retry_budget`` failures in a row ``broken``, until an operator's unbreak
+    GapError, TransientError (apply) ``disconnected``: the next session resumes from
+                                       the level read back from the target
     PermanentFeedError, ApplyError . ``error``, until an operator's reconnect
 
 When a session ends, the batch being applied finishes (a thread cannot be
@@ -40,7 +42,7 @@ from common.exits import rpc_failure
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.security import aio_channel_factory
-from subscriber.apply import Applier, ApplyError
+from subscriber.apply import Applier, ApplyError, GapError, TransientError
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.errors import (
@@ -274,6 +276,12 @@ class SubscriptionRunner:
             except (FeedEnded, ConnectionError) as e:  # refused for now (cut, unknown publication)
                 log.warning("sync ended", subscription=self.name, reason=str(e))
                 st.fail("disconnected", str(e))
+            except (GapError, TransientError) as e:
+                # The target is the truth: it is down for now, or it lost commits it
+                # had not flushed (a crash: subscriber/targets/postgres/_durable.py) and
+                # the level applied here is ahead of it.  The next session reads its
+                # level back and resumes from there.
+                st.fail("disconnected", f"apply failed: {e}")
             except ApplyError as e:
                 st.fail("error", f"apply failed: {e}")
                 await self._sleep(_LONG)

@@ -382,6 +382,14 @@ class Applier(Planning, Pieces):
             planned_ahead=ahead,
         )
 
+    def durable_level(self, applied: int, *, poll: bool = False) -> tuple[int, bool]:
+        """(the highest level up to ``applied`` the target holds durably, whether
+        committed levels still wait to be): what may be acknowledged.  A writer
+        without ``durable_level`` commits durably (subscriber/targets/postgres/
+        _durable.py has one that does not)."""
+        durable = getattr(self._writer, "durable_level", None)
+        return (applied, False) if durable is None else durable(applied, poll=poll)
+
     # -- origins (_origin.py) ---------------------------------------------------------
 
     @property

@@ -31,11 +31,17 @@ SNAPSHOT_NEEDS_SPARK = False  # rows go by COPY from the driver (Spark only for 
 
 
 def open_writer(url: DatabaseUrl, config: Any = None) -> PostgresWriter:
-    """The writer of ``url``; ``config`` (an ``ApplyConfig``) gives the replay role and
-    ``session_replication_role``."""
+    """The writer of ``url``; ``config`` (an ``ApplyConfig``) gives the replay role,
+    ``session_replication_role`` and ``synchronous_commit``."""
     role = getattr(config, "role", "") or None
     replication_role = getattr(config, "replication_role", "replica")
-    return PostgresWriter(url.raw, role=role, replication_role=replication_role)
+    synchronous_commit = getattr(config, "synchronous_commit", "off")
+    return PostgresWriter(
+        url.raw,
+        role=role,
+        replication_role=replication_role,
+        synchronous_commit=synchronous_commit,
+    )
 
 
 def open_snapshot_loader(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.nodewatch import NodeWatch
+from subscriber.targets.postgres._durable import LSN_SQL, Durable
 from subscriber.targets.postgres._pipeline import level_guarded, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
@@ -52,6 +54,8 @@ class GroupWrites(HeldWrites):
     apply_origin: str  # the node the next batch's changes come from
     small_values: int  # rows steps up to this many values per statement: no staging
     _nodes: NodeWatch  # the target's node (subscriber/targets/nodewatch.py)
+    synchronous_commit: str  # "off": batches of rows only commit asynchronously
+    _durable: Durable  # the level the target holds durably (_durable.py)
 
     def write_held(
         self,
@@ -107,12 +111,24 @@ class GroupWrites(HeldWrites):
             piped = not (grouped or reexecute or staged) and pipelined(
                 steps, subscription, self.conflicts, self.small_values
             )
+            # Rows only commit asynchronously; the rest keeps the server's setting.
+            rows_only = all(isinstance(step, RowsStep) for step in steps)
+            plain = not (grouped or reexecute or staged) and self.conflicts is None
+            synchronous = "off" if plain and rows_only and self.synchronous_commit == "off" else ""
             try:
                 if grouped and not held.open:
                     self._connection().execute("BEGIN")
-                written: int = self._run(subscription, first_seq, body, pipelined=piped)
+                level = last_seq if commit and not grouped else None  # its LSN read after
+                written: int = self._run(
+                    subscription, first_seq, body, pipelined=piped, synchronous=synchronous,
+                    level=level,
+                )  # fmt: skip
                 if commit and grouped:
-                    self._connection().execute("COMMIT")
+                    conn = self._connection()
+                    conn.execute("COMMIT")
+                    lsns = conn.execute(LSN_SQL).fetchone()
+                    assert lsns is not None
+                    self._durable.committed(last_seq, lsns[0], lsns[1], time.monotonic())
             except psycopg.Error as exc:
                 self._rolled_back()
                 self._abandon()
@@ -195,7 +211,14 @@ class GroupWrites(HeldWrites):
         raise NotImplementedError
 
     def _run(
-        self, subscription: str, seq: int | None, body: Any, *, pipelined: bool = False
+        self,
+        subscription: str,
+        seq: int | None,
+        body: Any,
+        *,
+        pipelined: bool = False,
+        synchronous: str = "",
+        level: int | None = None,
     ) -> Any:
         raise NotImplementedError
 

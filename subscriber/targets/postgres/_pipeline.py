@@ -209,18 +209,29 @@ def level_guarded(
     return explain
 
 
-def run_pipelined(conn: psycopg.Connection[Any], body: Callable[[psycopg.Cursor[Any]], R]) -> R:
+def run_pipelined(
+    conn: psycopg.Connection[Any],
+    body: Callable[[psycopg.Cursor[Any]], R],
+    after: str | None = None,
+) -> tuple[R, tuple[Any, ...] | None]:
     """``body(cursor)`` between BEGIN and COMMIT, in pipeline mode; ROLLBACK on any error.
 
+    ``after``: a statement sent right after COMMIT, in the same round trip (the
+    commit's LSN, ``_durable.py``); returns (``body``'s result, its row or None).
     Not psycopg's ``conn.transaction()``: in pipeline mode its block syncs the
     pipeline on entering and on leaving, twice each (four more round trips).
     ``conn`` is in autocommit mode, so the transaction is the BEGIN sent here."""
     try:
+        after_cur = conn.cursor()  # read once the pipeline ended (fetching syncs it)
         with conn.pipeline(), conn.cursor() as cur:
             cur.execute("BEGIN")
             result = body(cur)
             cur.execute("COMMIT")
-        return result
+            if after is not None:
+                after_cur.execute(after)
+        row = after_cur.fetchone() if after is not None else None
+        after_cur.close()
+        return result, row
     except BaseException:
         if not (conn.closed or conn.broken) and (
             conn.info.transaction_status != pq.TransactionStatus.IDLE

@@ -23,6 +23,15 @@ A batch's transaction::
       call      CALL name(args)
     setval: sequences up to the rows written (``_sequences.py``); UPDATE the level row
     COMMIT
+    SELECT pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn()   -- outside it
+
+A batch of rows steps only (no schema, truncate, SQL, call or history step, no JDBC
+stage, no conflict check, not a held group nor a re-execution) commits with
+``synchronous_commit = off`` unless ``[apply] synchronous_commit = "on"``
+(``SET LOCAL``, in the settings' statement: the same connection runs the schema
+changes, error records and held groups, which keep the server's setting); the
+level is acknowledged only once the target's WAL is flushed past the commit
+(``_durable.py`` has the argument).
 
 Staging tables are temporary tables ``ON COMMIT DELETE ROWS``, one per shape (the
 PostgreSQL types of its columns ``c<i>``), created in the batch that first needs them
@@ -53,6 +62,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -82,6 +92,7 @@ from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
 from subscriber.targets.postgres._ddl import adopt_children, follow_constraints
+from subscriber.targets.postgres._durable import FLUSH_SQL, LSN_SQL, POLL_S, Durable
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
@@ -155,9 +166,14 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
         lock_timeout_s: float | None = None,
         connect_timeout_s: int = 10,
         procedures: Mapping[str, Procedure] | None = None,
+        synchronous_commit: str = "off",
     ) -> None:
         if replication_role not in ("replica", "origin", "local"):
             raise ValueError("replication_role: must be replica, origin or local")
+        if synchronous_commit not in ("on", "off"):
+            raise ValueError("synchronous_commit: must be on or off")
+        self.synchronous_commit = synchronous_commit
+        self._durable = Durable()  # the level the target holds durably (_durable.py)
         self.dsn = dsn
         self.role = role
         self.replication_role = replication_role
@@ -193,6 +209,7 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
                 self._conn.close()
             self._stages.clear()  # temporary tables die with their session
             self._types.clear()
+            self._durable.reset()  # a new server may hand out lower LSNs (_durable.py)
             self._conn = psycopg.connect(
                 self.dsn,
                 autocommit=True,
@@ -203,10 +220,20 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
         return self._conn
 
     def _run(
-        self, subscription: str, seq: int | None, body: Any, *, pipelined: bool = False
+        self,
+        subscription: str,
+        seq: int | None,
+        body: Any,
+        *,
+        pipelined: bool = False,
+        synchronous: str = "",
+        level: int | None = None,
     ) -> Any:
         """Run ``body(cursor)`` in one transaction with the session settings; translate.
-        ``pipelined``: in psycopg's pipeline mode (no COPY then: ``_pipeline.py``)."""
+        ``pipelined``: in psycopg's pipeline mode (no COPY then: ``_pipeline.py``).
+        ``synchronous``: ``synchronous_commit`` for this transaction ("": the
+        server's).  ``level``: the transaction commits this level; its commit LSN is
+        read after COMMIT (``_durable.py``)."""
         conn: psycopg.Connection[Any] | None = None
         self._new_stages.clear()
         self._filled.clear()
@@ -219,6 +246,9 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
                 fields = [self._origin.use(cur, subscription, self.apply_origin)]
                 fields.append("set_config('session_replication_role', %s, true)")
                 params = [self.replication_role]
+                if synchronous:
+                    fields.append("set_config('synchronous_commit', %s, true)")
+                    params.append(synchronous)
                 if self.lock_timeout_s is not None:
                     fields.append("set_config('lock_timeout', %s, true)")
                     params.append(f"{int(self.lock_timeout_s * 1000)}ms")
@@ -227,11 +257,17 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 return body(cur)
 
+            after = LSN_SQL if level is not None else None
             if pipelined:
-                return run_pipelined(conn, settings_then_body)
-            with conn.transaction(), conn.cursor() as cur:
-                result = settings_then_body(cur)
-            self._stages.update(self._new_stages)  # committed: they exist from now on
+                result, lsns = run_pipelined(conn, settings_then_body, after)
+            else:
+                with conn.transaction(), conn.cursor() as cur:
+                    result = settings_then_body(cur)
+                self._stages.update(self._new_stages)  # committed: they exist from now on
+                lsns = conn.execute(after).fetchone() if after is not None else None
+            if level is not None:
+                assert lsns is not None
+                self._durable.committed(level, lsns[0], lsns[1], time.monotonic())
             return result
         except psycopg.Error as exc:
             self._types.clear()  # what the rolled-back transaction saw may be gone
@@ -343,11 +379,46 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
     # -- state -------------------------------------------------------------------
 
     def load_state(self, subscription: str) -> SubscriptionState:
+        """The stored state, made durable first: whatever is told of the level read
+        (a Hello, an ack) survives a crash of the target (``_durable.py``)."""
+
+        def read(cur: psycopg.Cursor[Any]) -> SubscriptionState:
+            # An xid makes COMMIT write a record, and local makes it flush the WAL up
+            # to it: past every commit this transaction's snapshot saw.
+            cur.execute("SELECT txid_current()")
+            return METADATA_SQL.load_state(cur, subscription)
+
         with self._lock:
-            state: SubscriptionState = self._read(
-                lambda cur: METADATA_SQL.load_state(cur, subscription), subscription
-            )
+            state: SubscriptionState = self._run(subscription, None, read, synchronous="local")
+            self._durable.read_back(state.level)
             return state
+
+    def durable_level(self, applied: int, *, poll: bool = False) -> tuple[int, bool]:
+        """(the highest level up to ``applied`` the target holds durably, whether
+        committed levels still wait for its WAL flush).  ``poll``: ask the server
+        for its flushed LSN first, unless a batch brought it within ``POLL_S`` or
+        the writer is busy (never waits for the apply: ``_durable.py``)."""
+        durable = self._durable
+        if poll and durable.waiting and self._lock.acquire(blocking=False):
+            try:
+                self._poll_flushed()
+            finally:
+                self._lock.release()
+        return min(applied, durable.level), durable.waiting
+
+    def _poll_flushed(self) -> None:
+        conn, durable = self._conn, self._durable
+        if conn is None or conn.closed or conn.broken or self._held.open:
+            return  # the next batch connects again (and resets the waiting levels)
+        now = time.monotonic()
+        if now - durable.flush_read_at < POLL_S:
+            return  # a batch just brought it
+        try:
+            row = conn.execute(FLUSH_SQL).fetchone()
+        except psycopg.Error:
+            return  # the next batch sees the connection's failure and says so
+        if row is not None:
+            durable.flushed(int(row[0]), now)
 
     def _read(self, body: Any, subscription: str | None = None) -> Any:
         """``body(cursor)`` in a transaction of its own (the lock held)."""
