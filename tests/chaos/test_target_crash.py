@@ -104,10 +104,13 @@ def _gone(pid: int) -> bool:
 
 
 def _target_level(dsn: str) -> int:
+    """The level the target holds (0: none, the level row or its table lost)."""
     with psycopg.connect(dsn) as conn:
-        row = conn.execute("SELECT level FROM txrepl_subscriptions").fetchone()
-    assert row is not None
-    return int(row[0])
+        try:
+            row = conn.execute("SELECT level FROM txrepl_subscriptions").fetchone()
+        except psycopg.errors.UndefinedTable:
+            return 0
+    return 0 if row is None else int(row[0])
 
 
 def _publisher_level(pair: Pair) -> int:
