@@ -9,10 +9,10 @@ to ``wal_writer_delay`` later.
 
 :meth:`DurableAcks.applied` (after each batch, on the event loop) acknowledges
 what the writer already knows durable (the flushed LSN each batch brings back: no
-wait, no query) and, while levels wait, a task asks the writer every
-``POLL_S`` in a thread (:meth:`Applier.durable_level` with ``poll``: a query only
-when the writer is idle and no batch brought the flushed LSN meanwhile).  The
-apply never waits for an ack.  Acks go out in level order, one write at a time.
+wait, no query) and, while levels wait, a task looks again every ``POLL_S``: at
+what the batches of that time brought, or, when none came, asks the writer in a
+thread (:meth:`Applier.durable_level` with ``poll``: a query only when the writer
+is idle).  The apply never waits for an ack.  Acks go out in level order, one write at a time.
 A level still waiting when the session ends is not acknowledged: the next
 session's Hello carries the level read back from the target, made durable first.
 """
@@ -62,13 +62,21 @@ class DurableAcks:
             self._poller = asyncio.create_task(self._poll())
 
     async def _poll(self) -> None:
-        assert self._durable is not None
+        source = self._durable
+        assert source is not None
+        seen = self._applied
         try:
             while True:
                 await asyncio.sleep(POLL_S)
-                durable, waiting = await asyncio.to_thread(
-                    self._durable.durable_level, self._applied, poll=True
-                )
+                if self._applied != seen:
+                    # A batch committed meanwhile and brought the flushed LSN: no
+                    # thread hop, no query (they cost the in-sync apply CPU).
+                    seen = self._applied
+                    durable, waiting = source.durable_level(seen)
+                else:
+                    durable, waiting = await asyncio.to_thread(
+                        source.durable_level, seen, poll=True
+                    )
                 await self._send(durable)
                 if not waiting:
                     return

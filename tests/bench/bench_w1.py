@@ -1535,7 +1535,12 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
         for system in ("pg native", "txrepl pg"):
             skipped.append({"system": system, "measure": "all", "skipped": reason})
     else:
-        with bench_cluster() as src_server, bench_cluster() as dst_server:
+        # TXREPL_BENCH_PG_TARGET_FSYNC=on: the target cluster alone fsyncs (a durable
+        # target; a durable source caps the paced rate below 1,000 txn/s here).
+        dst_settings: dict[str, str | int] = (
+            {"fsync": "on"} if os.environ.get("TXREPL_BENCH_PG_TARGET_FSYNC") == "on" else {}
+        )
+        with bench_cluster() as src_server, bench_cluster(**dst_settings) as dst_server:
             measure(PgNative(src_server, dst_server))
             tpg = TxreplPg(base, src_server, dst_server)
             why = txrepl_pg_support(tpg)
