@@ -18,6 +18,7 @@ the WAL buffers.  Then:
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import sqlite3
@@ -94,7 +95,7 @@ def _kill_server(server: PgServer) -> None:
         with contextlib.suppress(ProcessLookupError):  # a backend that just ended
             os.kill(pid, signal.SIGKILL)
     for pid in [postmaster, *children]:
-        wait_until(lambda p=pid: _gone(p), 30, f"server process {pid} to end")
+        wait_until(functools.partial(_gone, pid), 30, f"server process {pid} to end")
 
 
 def _gone(pid: int) -> bool:
