@@ -9,12 +9,14 @@ to ``wal_writer_delay`` later.
 
 :meth:`DurableAcks.applied` (after each batch, on the event loop) acknowledges
 what the writer already knows durable (the flushed LSN each batch brings back: no
-wait, no query) and, while levels wait, a task looks again every ``POLL_S``: at
-what the batches of that time brought, or, when none came, asks the writer in a
-thread (:meth:`Applier.durable_level` with ``poll``: a query only when the writer
-is idle).  The apply never waits for an ack.  Acks go out in level order, one write at a time.
-A level still waiting when the session ends is not acknowledged: the next
-session's Hello carries the level read back from the target, made durable first.
+wait, no query) and, while levels wait, a task looks again after ``POLL_S``
+(doubling up to ``MAX_POLL_S`` while nothing new is durable): at what the batches
+of that time brought, or, when none came, asks the writer in a thread
+(:meth:`Applier.durable_level` with ``poll``: a query only when the writer is
+idle).  The apply never waits for an ack.  Acks go out in level order, one write
+at a time.  A level still waiting when the session ends is not acknowledged: the
+next session's Hello carries the level read back from the target, made durable
+first.
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import asyncio
 import contextlib
 from typing import Protocol
 
-__all__ = ["POLL_S", "DurableAcks"]
+__all__ = ["MAX_POLL_S", "POLL_S", "DurableAcks"]
 
-# Seconds between two asks while levels wait (the WAL writer flushes every
-# wal_writer_delay, 200 ms by default: asking more often buys nothing).
+# Seconds between two looks while levels wait, doubled after each look that found
+# nothing new up to MAX_POLL_S (the WAL writer flushes every wal_writer_delay, 200 ms
+# by default; the publisher records acks at most every 0.1 s, publisher/acks.py).
 POLL_S = 0.01
+MAX_POLL_S = 0.1
 
 
 class _Durable(Protocol):
@@ -65,9 +69,10 @@ class DurableAcks:
         source = self._durable
         assert source is not None
         seen = self._applied
+        pause = POLL_S
         try:
             while True:
-                await asyncio.sleep(POLL_S)
+                await asyncio.sleep(pause)
                 if self._applied != seen:
                     # A batch committed meanwhile and brought the flushed LSN: no
                     # thread hop, no query (they cost the in-sync apply CPU).
@@ -77,6 +82,10 @@ class DurableAcks:
                     durable, waiting = await asyncio.to_thread(
                         source.durable_level, seen, poll=True
                     )
+                # Twice as long after a look that found nothing new, up to MAX_POLL_S:
+                # the WAL writer flushes every wal_writer_delay, and asks between its
+                # flushes cost the subscriber and the target's backend CPU for nothing.
+                pause = POLL_S if durable > self.sent else min(pause * 2, MAX_POLL_S)
                 await self._send(durable)
                 if not waiting:
                     return
