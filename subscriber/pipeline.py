@@ -19,7 +19,8 @@ applied are dropped (:meth:`Batcher.drop`, :attr:`ApplyPipeline.ending`) and the
 next Hello carries the applied level, so the publisher resends from level + 1.
 A gap (first seq != expected) is refused by the stream before it gets here.
 The ack only lets the publisher's retention and status move on: a lost ack
-loses nothing.
+loses nothing.  Acks are coalesced to at most one per few milliseconds, the
+latest level (:meth:`FeedStream.ack`); the pipeline's end sends a pending one.
 
 Latency (issue 23): a batch is gathered the moment anything is queued
 (natural batching, subscriber.batcher) and applied at once; each applied batch
@@ -175,6 +176,8 @@ class ApplyPipeline:
                 if st.at_head() and self.on_in_sync():
                     return
         finally:
+            # Acks are coalesced (subscriber/stream.py): the last level goes out now.
+            await self.stream.flush_acks()
             if ahead is not None:
                 # A plan thread cannot be cancelled: let it end before the session does.
                 with contextlib.suppress(BaseException):
