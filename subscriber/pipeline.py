@@ -38,6 +38,7 @@ from collections.abc import Callable
 import structlog
 
 from common.latency import StageLatency
+from subscriber._applythread import ApplyThread
 from subscriber.apply import AnyEntry, Applier, ApplyResult, Planned, RawEntry
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig
@@ -82,6 +83,9 @@ class ApplyPipeline:
         ahead: (
             tuple[int, int, bool, float, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None
         ) = None
+        # The applies run on one thread of the session's own (subscriber/_applythread.py);
+        # the plans made ahead, while syncing, on the default executor's, beside them.
+        worker: ApplyThread | None = None
         try:
             while True:
                 planned: Planned | None = None
@@ -116,15 +120,15 @@ class ApplyPipeline:
                 # ``hold`` only when set: an applier standing in for the real one (a
                 # test's) needs to know of groups only when it is given one.
                 more: dict[str, bool] = {"hold": True} if hold else {}
-                writing = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        self.applier.apply,
-                        first_seq,
-                        entries,
-                        incarnation=st.incarnation,
-                        planned=planned,
-                        **more,
-                    )
+                if worker is None:
+                    worker = ApplyThread(f"apply {st.name}")
+                writing = worker.submit(
+                    self.applier.apply,
+                    first_seq,
+                    entries,
+                    incarnation=st.incarnation,
+                    planned=planned,
+                    **more,
                 )
                 if planned is not None and planned.error is None and not batcher.pending():
                     await asyncio.sleep(0)  # let the receive loop queue what it holds
@@ -176,16 +180,24 @@ class ApplyPipeline:
                 if st.at_head() and self.on_in_sync():
                     return
         finally:
-            # Acks are coalesced (subscriber/stream.py): the last level goes out now.
-            await self.stream.flush_acks()
-            if ahead is not None:
-                # A plan thread cannot be cancelled: let it end before the session does.
-                with contextlib.suppress(BaseException):
-                    await ahead[4]
-            if self._holding():
-                # A group handed out in pieces was not finished: nothing of it stays
-                # (the next session sends it again from its first fragment).
-                await asyncio.to_thread(self.applier.abandon)
+            try:
+                # Acks are coalesced (subscriber/stream.py): the last level goes out now.
+                await self.stream.flush_acks()
+                if ahead is not None:
+                    # A plan thread cannot be cancelled: let it end before the session does.
+                    with contextlib.suppress(BaseException):
+                        await ahead[4]
+                if self._holding():
+                    # A group handed out in pieces was not finished: nothing of it stays
+                    # (the next session sends it again from its first fragment).  On the
+                    # apply thread, after the apply in hand if the session was cancelled.
+                    if worker is None:
+                        await asyncio.to_thread(self.applier.abandon)
+                    else:
+                        await worker.submit(self.applier.abandon)
+            finally:
+                if worker is not None:
+                    worker.close()  # the thread ends after its last job
 
     def _observe(
         self,

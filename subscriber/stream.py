@@ -157,6 +157,7 @@ class FeedStream:
         self._ack_sent_at = -math.inf  # time.monotonic() of the last ack write's start
         self._ack_later: asyncio.Task[None] | None = None  # the deferred write
         self._ack_due: asyncio.Future[None] | None = None  # its wait (flush_acks ends it)
+        self._ack_now = False  # flush_acks: no more waiting
         #: ack messages written (tests and benchmarks read it).
         self.acks_sent = 0
         # The token rides on the channel (common.security.aio_channel_factory).
@@ -234,21 +235,25 @@ class FeedStream:
         later = self._ack_later
         if later is None:
             return
+        self._ack_now = True
         if self._ack_due is not None and not self._ack_due.done():
             self._ack_due.set_result(None)
-        with contextlib.suppress(BaseException):
-            await asyncio.shield(later)
+        # asyncio.wait: our cancellation does not cancel the write (gRPC would cancel the
+        # call), and the write's cancellation (cancel()) is not raised here.  The
+        # write's own failures are dropped by _write_ack.
+        await asyncio.wait({later})
 
     async def _ack_after(self, wait: float) -> None:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                due = self._ack_due = loop.create_future()
-                timer = loop.call_later(wait, _resolve, due)
-                try:
-                    await due
-                finally:
-                    timer.cancel()
+                if not self._ack_now:
+                    due = self._ack_due = loop.create_future()
+                    timer = loop.call_later(wait, _resolve, due)
+                    try:
+                        await due
+                    finally:
+                        timer.cancel()
                 level = self._ack_level
                 await self._write_ack(level)
                 if self._ack_level == level:
@@ -256,6 +261,7 @@ class FeedStream:
                 wait = self.ack_interval  # more came during the wait: one more round
         finally:
             self._ack_later = self._ack_due = None
+            self._ack_now = False
 
     async def _write_ack(self, level: int) -> None:
         self._ack_sent_at = time.monotonic()

@@ -147,6 +147,8 @@ async def _measure_served(
             backend = _backend_pid(target) if kind == "pg" else None
             cpu0, bcpu0 = process_cpu_s(pid), process_cpu_s(backend) if backend else None
             us0 = _user_sys(pid)
+            # The main thread runs the event loop (its task id is the process's).
+            loop0 = process_cpu_s(pid, f"{pid}/task/{pid}")
             wall = time.perf_counter()
             acks0 = seen["count"]
             with py_spy(spy or None, pid, root.parent / f"sub_cpu_{kind}.raw"):
@@ -163,6 +165,7 @@ async def _measure_served(
             acks = seen["count"] - acks0
             cpu1, bcpu1 = process_cpu_s(pid), process_cpu_s(backend) if backend else None
             us1 = _user_sys(pid)
+            loop1 = process_cpu_s(pid, f"{pid}/task/{pid}")
     finally:
         sub.stop()
     assert cpu0 is not None
@@ -174,6 +177,9 @@ async def _measure_served(
         "wall_us_per_entry": round(wall / n * 1e6, 1),
         "user_us_per_entry": round((us1[0] - us0[0]) / n * 1e6, 1),
         "sys_us_per_entry": round((us1[1] - us0[1]) / n * 1e6, 1),
+        "loop_us_per_entry": (
+            round((loop1 - loop0) / n * 1e6, 1) if loop0 is not None and loop1 is not None else None
+        ),
         "rate": rate,
         "acks_per_entry": round(acks / n, 3),
     }
@@ -218,7 +224,8 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
         print(
             f"subscriber in sync, {kind} target, {shape}: "
             f"{row['cpu_us_per_entry']:.0f} µs of CPU per entry "
-            f"(user {row['user_us_per_entry']:.0f}, system {row['sys_us_per_entry']:.0f})"
+            f"(user {row['user_us_per_entry']:.0f}, system {row['sys_us_per_entry']:.0f}, "
+            f"event loop {row['loop_us_per_entry'] or 0:.0f})"
             f"{server_part} "
             f"({row['wall_us_per_entry']:.0f} µs wall), {n} entries, "
             f"{row['acks_per_entry']:.2f} acks per entry",
