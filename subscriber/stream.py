@@ -31,7 +31,9 @@ if more came meanwhile).  So at most one ack message per interval, none lost:
 levels only grow, and a later ack covers every earlier one (the publisher needs
 only the last: retention, status, the queue threshold).  Never two writes at once
 on the call (gRPC allows one): the inline write happens only when no deferred one
-exists, and the deferred one is the only writer while it does.
+exists, the deferred one is the only writer while it does, and a lock covers an
+inline write still in flight when the deferred one's time comes (or a caller of
+``ack`` besides the pipeline).
 :meth:`FeedStream.flush_acks` sends a pending level at once (the session's end).
 A lost ack loses nothing: the next Hello carries the level.
 
@@ -158,6 +160,7 @@ class FeedStream:
         self._ack_later: asyncio.Task[None] | None = None  # the deferred write
         self._ack_due: asyncio.Future[None] | None = None  # its wait (flush_acks ends it)
         self._ack_now = False  # flush_acks: no more waiting
+        self._ack_lock = asyncio.Lock()
         #: ack messages written (tests and benchmarks read it).
         self.acks_sent = 0
         # The token rides on the channel (common.security.aio_channel_factory).
@@ -267,9 +270,12 @@ class FeedStream:
         self._ack_sent_at = time.monotonic()
         ack = pb.SubscriberMessage()
         ack.ack.level = level
-        with contextlib.suppress(Exception):
-            await self.call.write(ack)
-            self.acks_sent += 1
+        # One write at a time (gRPC refuses a second): an inline write that outlasts
+        # the interval is still in flight when the deferred one's time comes.
+        async with self._ack_lock:
+            with contextlib.suppress(Exception):
+                await self.call.write(ack)
+                self.acks_sent += 1
 
     async def receive(
         self,

@@ -18,6 +18,10 @@ holds better than a lag phase's CPU on a shared machine (docs/performance.md,
     TXREPL_BENCH_SUB_PROFILE=<path of py-spy>        # also record the subscriber
     TXREPL_BENCH_SUB_RATE=1000 python -m tests.bench sub_cpu
 
+``TXREPL_BENCH_SUB_ACK_MS`` sets the subscriber's ``[batch] ack_interval_ms``: one
+entry at a time waits for each ack, so with coalesced acks (the default, 5 ms) each
+entry waits for the interval; 0 measures that mode as before acks were coalesced.
+
 ``TXREPL_BENCH_SUB_RATE`` (entries per second): the measured entries are appended
 at that pace instead of each after the previous ack, as a source in sync would
 commit them, so batches and acks form as they do in a W1 lag phase (natural
@@ -49,6 +53,7 @@ from tests.support.w1_entries import W1_SCHEMAS, w1_entries
 __all__ = ["run"]
 
 WARM_UP = 300
+IDLE_S = 2.0
 
 
 @contextlib.contextmanager
@@ -76,6 +81,14 @@ def _user_sys(pid: int) -> tuple[float, float]:
     fields = text[text.rindex(")") + 2 :].split()
     tick = os.sysconf("SC_CLK_TCK")
     return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def _batches(log: Path) -> int:
+    """Batches the subscriber logged as applied so far."""
+    try:
+        return log.read_text(errors="replace").count("batch applied")
+    except OSError:
+        return 0
 
 
 def _backend_pid(dsn: str) -> int | None:
@@ -119,8 +132,11 @@ async def _measure_served(
     pub = served.pub
     # The first entry inserts W1's 10,000 accounts: applied in the driver too, so that
     # no JVM starts beside the measure (it is the subscriber's child process).
-    apply = {"apply": {"spark_min_rows": 1_000_000}}
-    pair = Pair(root, tables=["accounts", "orders"], target_url=target, subscriber_extra=apply)
+    extra: dict[str, Any] = {"apply": {"spark_min_rows": 1_000_000}}
+    ack_ms = os.environ.get("TXREPL_BENCH_SUB_ACK_MS", "").strip()
+    if ack_ms:  # [batch] ack_interval_ms (subscriber/stream.py); unset: the default
+        extra["batch"] = {"ack_interval_ms": int(ack_ms)}
+    pair = Pair(root, tables=["accounts", "orders"], target_url=target, subscriber_extra=extra)
     sub = Daemon(
         "subscriber",
         pair.write_subscriber_config(served.address),
@@ -145,12 +161,18 @@ async def _measure_served(
             for entry in entries[: WARM_UP + 1]:
                 await one(entry)
             backend = _backend_pid(target) if kind == "pg" else None
+            # In sync and idle: what the daemon costs while nothing comes (its timers,
+            # gRPC's pollers), which a slow measure also pays for its wall time.
+            idle0 = process_cpu_s(pid)
+            await asyncio.sleep(IDLE_S)
+            idle1 = process_cpu_s(pid)
             cpu0, bcpu0 = process_cpu_s(pid), process_cpu_s(backend) if backend else None
             us0 = _user_sys(pid)
             # The main thread runs the event loop (its task id is the process's).
             loop0 = process_cpu_s(pid, f"{pid}/task/{pid}")
             wall = time.perf_counter()
             acks0 = seen["count"]
+            batches0 = _batches(root / "subscriber.log")
             with py_spy(spy or None, pid, root.parent / f"sub_cpu_{kind}.raw"):
                 if rate > 0:
                     await asyncio.to_thread(_paced, pub, entries[WARM_UP + 1 :], rate)
@@ -163,6 +185,7 @@ async def _measure_served(
                         await one(entry)
             wall = time.perf_counter() - wall
             acks = seen["count"] - acks0
+            batches = _batches(root / "subscriber.log") - batches0
             cpu1, bcpu1 = process_cpu_s(pid), process_cpu_s(backend) if backend else None
             us1 = _user_sys(pid)
             loop1 = process_cpu_s(pid, f"{pid}/task/{pid}")
@@ -180,8 +203,17 @@ async def _measure_served(
         "loop_us_per_entry": (
             round((loop1 - loop0) / n * 1e6, 1) if loop0 is not None and loop1 is not None else None
         ),
+        "idle_cpu_percent": (
+            round((idle1 - idle0) / IDLE_S * 100, 2)
+            if idle0 is not None and idle1 is not None
+            else None
+        ),
         "rate": rate,
         "acks_per_entry": round(acks / n, 3),
+        # applied batches (the daemon's "batch applied" lines); CPU per batch is the
+        # figure that does not move with the batch sizes a paced run happens to get
+        "batches_per_entry": round(batches / n, 3),
+        "cpu_us_per_batch": round((cpu1 - cpu0) / max(batches, 1) * 1e6, 1),
     }
     if bcpu0 is not None and bcpu1 is not None:
         row["server_cpu_us_per_entry"] = round((bcpu1 - bcpu0) / n * 1e6, 1)
@@ -228,7 +260,9 @@ def run(results_dir: Path) -> list[dict[str, Any]]:
             f"event loop {row['loop_us_per_entry'] or 0:.0f})"
             f"{server_part} "
             f"({row['wall_us_per_entry']:.0f} µs wall), {n} entries, "
-            f"{row['acks_per_entry']:.2f} acks per entry",
+            f"{row['acks_per_entry']:.2f} acks and {row['batches_per_entry']:.2f} batches per "
+            f"entry, {row['cpu_us_per_batch']:.0f} µs of CPU per batch; idle in sync "
+            f"{row['idle_cpu_percent'] or 0:.1f} % of a core",
             flush=True,
         )
         rows.append(row)
