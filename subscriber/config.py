@@ -190,6 +190,9 @@ class BatchConfig:
     # While a batch is written to the target, the next one (if already received) is
     # planned: walk, decoding and the Spark net-effect job overlap the target's work.
     plan_ahead: bool = True
+    # At most one Ack per this many ms, the latest level (subscriber/stream.py); 0: an
+    # Ack after every applied batch.  The publisher needs only the latest level.
+    ack_interval_ms: int = 5
 
     def __post_init__(self) -> None:
         for field in ("max_entries", "max_bytes", "queue_batches"):
@@ -197,6 +200,10 @@ class BatchConfig:
                 raise ValueError(f"{field} must be positive, not {getattr(self, field)}")
         if not 0 <= self.max_delay_ms <= 60_000:
             raise ValueError(f"max_delay_ms must be between 0 and 60000, not {self.max_delay_ms}")
+        if not 0 <= self.ack_interval_ms <= 1_000:
+            raise ValueError(
+                f"ack_interval_ms must be between 0 and 1000, not {self.ack_interval_ms}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,9 @@ next Hello carries the applied level, so the publisher resends from level + 1.
 A gap (first seq != expected) is refused by the stream before it gets here.
 The ack only lets the publisher's retention and status move on: a lost ack
 loses nothing.  An ack never runs ahead of what the target holds durably
-(subscriber/acks.py: a PostgreSQL target may commit asynchronously).
+(subscriber/acks.py: a PostgreSQL target may commit asynchronously).  Acks are
+coalesced to at most one per few milliseconds, the latest level
+(:meth:`FeedStream.ack`); the pipeline's end sends a pending one.
 
 Latency (issue 23): a batch is gathered the moment anything is queued
 (natural batching, subscriber.batcher) and applied at once; each applied batch
@@ -38,6 +40,7 @@ from collections.abc import Callable
 import structlog
 
 from common.latency import StageLatency
+from subscriber._applythread import ApplyThread
 from subscriber.acks import DurableAcks
 from subscriber.apply import AnyEntry, Applier, ApplyResult, Planned, RawEntry
 from subscriber.batcher import Batcher
@@ -84,6 +87,9 @@ class ApplyPipeline:
         ahead: (
             tuple[int, int, bool, float, asyncio.Future[tuple[list[AnyEntry], Planned]]] | None
         ) = None
+        # The applies run on one thread of the session's own (subscriber/_applythread.py);
+        # the plans made ahead, while syncing, on the default executor's, beside them.
+        worker: ApplyThread | None = None
         try:
             while True:
                 planned: Planned | None = None
@@ -118,15 +124,15 @@ class ApplyPipeline:
                 # ``hold`` only when set: an applier standing in for the real one (a
                 # test's) needs to know of groups only when it is given one.
                 more: dict[str, bool] = {"hold": True} if hold else {}
-                writing = asyncio.ensure_future(
-                    asyncio.to_thread(
-                        self.applier.apply,
-                        first_seq,
-                        entries,
-                        incarnation=st.incarnation,
-                        planned=planned,
-                        **more,
-                    )
+                if worker is None:
+                    worker = ApplyThread(f"apply {st.name}")
+                writing = worker.submit(
+                    self.applier.apply,
+                    first_seq,
+                    entries,
+                    incarnation=st.incarnation,
+                    planned=planned,
+                    **more,
                 )
                 if planned is not None and planned.error is None and not batcher.pending():
                     await asyncio.sleep(0)  # let the receive loop queue what it holds
@@ -178,15 +184,25 @@ class ApplyPipeline:
                 if st.at_head() and self.on_in_sync():
                     return
         finally:
-            await acks.close()
-            if ahead is not None:
-                # A plan thread cannot be cancelled: let it end before the session does.
-                with contextlib.suppress(BaseException):
-                    await ahead[4]
-            if self._holding():
-                # A group handed out in pieces was not finished: nothing of it stays
-                # (the next session sends it again from its first fragment).
-                await asyncio.to_thread(self.applier.abandon)
+            try:
+                await acks.close()  # levels still waiting for the target's flush: not acked
+                # Acks are coalesced (subscriber/stream.py): the last level goes out now.
+                await self.stream.flush_acks()
+                if ahead is not None:
+                    # A plan thread cannot be cancelled: let it end before the session does.
+                    with contextlib.suppress(BaseException):
+                        await ahead[4]
+                if self._holding():
+                    # A group handed out in pieces was not finished: nothing of it stays
+                    # (the next session sends it again from its first fragment).  On the
+                    # apply thread, after the apply in hand if the session was cancelled.
+                    if worker is None:
+                        await asyncio.to_thread(self.applier.abandon)
+                    else:
+                        await worker.submit(self.applier.abandon)
+            finally:
+                if worker is not None:
+                    worker.close()  # the thread ends after its last job
 
     def _observe(
         self,

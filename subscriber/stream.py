@@ -14,6 +14,29 @@ Received batches go to the :class:`~subscriber.batcher.Batcher`; blocking there
 stops the reading (back-pressure).  Reading is cut short by an operator's
 pause/reconnect (:class:`Interrupted`) and by the apply ending.
 
+Reading without a task per message (issue 23): :meth:`FeedStream.receive` awaits
+``call.read()`` itself, in the session's task.  The two things that end it early
+(the apply's task done, the interruption event set) each get one done-callback for
+the whole session, which cancels that task once; the ``CancelledError`` is ours
+only if the callback fired and ``Task.uncancel()`` leaves no other cancellation
+(a daemon's shutdown still goes up).  A callback that comes after ``receive``
+returned does nothing (``_Stopper.armed``), so the cancellation can only land on
+an await inside ``receive``.  Reading stays strictly sequential in one coroutine:
+a full batcher still stops it.
+
+Acks, coalesced (issue 23): :meth:`FeedStream.ack` writes at once when no ack
+went out in the last ``ack_interval`` seconds; otherwise it only records the level,
+and one deferred write sends the *latest* level when the interval ends (and again
+if more came meanwhile).  So at most one ack message per interval, none lost:
+levels only grow, and a later ack covers every earlier one (the publisher needs
+only the last: retention, status, the queue threshold).  Never two writes at once
+on the call (gRPC allows one): the inline write happens only when no deferred one
+exists, the deferred one is the only writer while it does, and a lock covers an
+inline write still in flight when the deferred one's time comes (or a caller of
+``ack`` besides the pipeline).
+:meth:`FeedStream.flush_acks` sends a pending level at once (the session's end).
+A lost ack loses nothing: the next Hello carries the level.
+
 How a stream ended decides what the subscription does next (:func:`classify`):
 the publisher's RefusalKind, sent in the trailing metadata (common.feedstatus),
 names the refusal; without one (a refusal from outside the feed, a lost
@@ -24,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -45,7 +69,14 @@ from subscriber.errors import (
 )
 from subscriber.state import SubscriptionState
 
-__all__ = ["REFUSALS", "FeedStream", "classify"]
+__all__ = ["ACK_INTERVAL_S", "REFUSALS", "FeedStream", "classify"]
+
+# At most one ack message per this many seconds while batches keep coming.  At
+# 1,000 txn/s in sync an apply commits every 1-3 ms; the publisher writes the
+# acked level to its registry at most every 0.1 s (publisher/acks.py) and its
+# queue threshold counts thousands of entries, so a few ms of delay costs nothing
+# there, and each ack saved is a gRPC write here and a read there.
+ACK_INTERVAL_S = 0.005
 
 # What each refusal means here.  Retried: the publication may be configured later,
 # a Hello may be late.  Everything else needs an operator (or a snapshot).
@@ -115,9 +146,23 @@ class FeedStream:
     """One Sync call to the publisher, for one session."""
 
     def __init__(
-        self, channel: grpc.aio.Channel, config: SubscriptionConfig, interrupted: asyncio.Event
+        self,
+        channel: grpc.aio.Channel,
+        config: SubscriptionConfig,
+        interrupted: asyncio.Event,
+        *,
+        ack_interval: float = ACK_INTERVAL_S,
     ) -> None:
         self.config = config
+        self.ack_interval = ack_interval
+        self._ack_level = 0  # the newest level given to ack()
+        self._ack_sent_at = -math.inf  # time.monotonic() of the last ack write's start
+        self._ack_later: asyncio.Task[None] | None = None  # the deferred write
+        self._ack_due: asyncio.Future[None] | None = None  # its wait (flush_acks ends it)
+        self._ack_now = False  # flush_acks: no more waiting
+        self._ack_lock = asyncio.Lock()
+        #: ack messages written (tests and benchmarks read it).
+        self.acks_sent = 0
         # The token rides on the channel (common.security.aio_channel_factory).
         self.call: Call = rpc.ReplicationStub(channel).Sync()
         self._interrupted = interrupted
@@ -153,30 +198,21 @@ class FeedStream:
         accept_welcome(state, first.welcome)
         return first.welcome
 
-    async def read(self, consumer: asyncio.Task[None] | None = None) -> pb.PublisherMessage | None:
-        """The next message; None at EOF or when ``consumer`` (the apply) ended first."""
+    async def read(self) -> pb.PublisherMessage | None:
+        """The next message (the Welcome), interruptible; None at EOF."""
         read = asyncio.ensure_future(self.call.read())
+        intr = self._interruption()
+        done, _ = await asyncio.wait({read, intr}, return_when=asyncio.FIRST_COMPLETED)
+        if read in done:
+            return _message(read.result)
+        read.cancel()
+        raise Interrupted()
+
+    def _interruption(self) -> asyncio.Future[Any]:
         intr = self._intr
         if intr is None or intr.done():
             intr = self._intr = asyncio.ensure_future(self._interrupted.wait())
-        waits: set[asyncio.Future[Any]] = {read, intr}
-        if consumer is not None:
-            waits.add(consumer)
-        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        if read in done:
-            try:
-                msg = read.result()
-            except grpc.aio.AioRpcError as e:
-                classify(e.code(), e.details() or "", e.trailing_metadata())
-                raise
-            if msg is grpc.aio.EOF:
-                return None
-            assert isinstance(msg, pb.PublisherMessage)
-            return msg
-        read.cancel()
-        if intr in done and self._interrupted.is_set():
-            raise Interrupted()
-        return None
+        return intr
 
     async def raise_status(self) -> None:
         """Raise what the ended stream's status means (nothing if OK)."""
@@ -184,11 +220,62 @@ class FeedStream:
         classify(await call.code(), await call.details() or "", await call.trailing_metadata())
 
     async def ack(self, level: int) -> None:
-        """Tell the publisher ``level`` is applied (best effort: a lost ack is resent)."""
+        """Tell the publisher ``level`` is applied (best effort: a lost ack is resent).
+
+        Coalesced: at most one write per ``ack_interval`` (the module docstring).
+        """
+        self._ack_level = level
+        if self._ack_later is not None:
+            return  # the deferred write sends the latest level
+        wait = self._ack_sent_at + self.ack_interval - time.monotonic()
+        if wait <= 0:
+            await self._write_ack(level)
+        else:
+            self._ack_later = asyncio.ensure_future(self._ack_after(wait))
+
+    async def flush_acks(self) -> None:
+        """Send a level that waits for its interval now (the session is ending)."""
+        later = self._ack_later
+        if later is None:
+            return
+        self._ack_now = True
+        if self._ack_due is not None and not self._ack_due.done():
+            self._ack_due.set_result(None)
+        # asyncio.wait: our cancellation does not cancel the write (gRPC would cancel the
+        # call), and the write's cancellation (cancel()) is not raised here.  The
+        # write's own failures are dropped by _write_ack.
+        await asyncio.wait({later})
+
+    async def _ack_after(self, wait: float) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                if not self._ack_now:
+                    due = self._ack_due = loop.create_future()
+                    timer = loop.call_later(wait, _resolve, due)
+                    try:
+                        await due
+                    finally:
+                        timer.cancel()
+                level = self._ack_level
+                await self._write_ack(level)
+                if self._ack_level == level:
+                    return
+                wait = self.ack_interval  # more came during the wait: one more round
+        finally:
+            self._ack_later = self._ack_due = None
+            self._ack_now = False
+
+    async def _write_ack(self, level: int) -> None:
+        self._ack_sent_at = time.monotonic()
         ack = pb.SubscriberMessage()
         ack.ack.level = level
-        with contextlib.suppress(Exception):
-            await self.call.write(ack)
+        # One write at a time (gRPC refuses a second): an inline write that outlasts
+        # the interval is still in flight when the deferred one's time comes.
+        async with self._ack_lock:
+            with contextlib.suppress(Exception):
+                await self.call.write(ack)
+                self.acks_sent += 1
 
     async def receive(
         self,
@@ -203,13 +290,25 @@ class FeedStream:
         ``stages``: observes each batch message's ``receive`` stage (common/latency.py).
         """
         expected = state.level + 1
+        task = asyncio.current_task()
+        assert task is not None
+        stopper = _Stopper(task)
+        intr = self._interruption()
+        consumer.add_done_callback(stopper)
+        intr.add_done_callback(stopper)
+        read = self.call.read
         try:
             while True:
-                msg = await self.read(consumer)
-                if msg is None:
+                try:
+                    msg = await read()
+                except grpc.aio.AioRpcError as e:
+                    classify(e.code(), e.details() or "", e.trailing_metadata())
+                    raise
+                if msg is grpc.aio.EOF:
                     if not consumer.done():
                         await self.raise_status()
                     return
+                assert isinstance(msg, pb.PublisherMessage)
                 kind = msg.WhichOneof("kind")
                 if kind == "batch":
                     b = msg.batch
@@ -232,10 +331,53 @@ class FeedStream:
                     state.head = max(state.head, msg.heartbeat.head)
                 else:
                     raise PermanentFeedError(f"unexpected message {kind!r} from the publisher")
+        except asyncio.CancelledError:
+            if not stopper.fired or task.uncancel() > 0:
+                raise  # not ours (or not only ours): the daemon is stopping
+            if self._interrupted.is_set():
+                raise Interrupted() from None
+            return  # the apply ended first
         finally:
+            stopper.armed = False
+            consumer.remove_done_callback(stopper)
+            intr.remove_done_callback(stopper)
             batcher.close()  # the session is ending: what was not queued is resent
 
     def cancel(self) -> None:
         self.call.cancel()
         if self._intr is not None:
             self._intr.cancel()
+        if self._ack_later is not None:
+            self._ack_later.cancel()
+
+
+class _Stopper:
+    """Cancels the receiving task once, while it is receiving (the module docstring)."""
+
+    def __init__(self, task: asyncio.Task[Any]) -> None:
+        self.task = task
+        self.armed = True
+        self.fired = False
+
+    def __call__(self, _: asyncio.Future[Any]) -> None:
+        if self.armed and not self.fired:
+            self.fired = True
+            self.task.cancel()
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _message(result: Callable[[], object]) -> pb.PublisherMessage | None:
+    """A read's message, None at EOF; a failed read raised as what it means."""
+    try:
+        msg = result()
+    except grpc.aio.AioRpcError as e:
+        classify(e.code(), e.details() or "", e.trailing_metadata())
+        raise
+    if msg is grpc.aio.EOF:
+        return None
+    assert isinstance(msg, pb.PublisherMessage)
+    return msg

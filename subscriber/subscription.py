@@ -332,7 +332,12 @@ class SubscriptionRunner:
         if st.level == 0 and not st.incarnation and self.config.initial == "snapshot":
             raise SnapshotRequired('initial = "snapshot"')
         async with self.channel_factory(self.config.address) as channel:
-            stream = FeedStream(channel, self.config, self._interrupted)
+            stream = FeedStream(
+                channel,
+                self.config,
+                self._interrupted,
+                ack_interval=self.batch.ack_interval_ms / 1000,
+            )
             try:
                 welcome = await stream.hello(self.subscriber_name, st)
                 st.in_sync_head = None

@@ -171,6 +171,7 @@ def test_unrelated_txrepl_variables_are_ignored(tmp_path: Path) -> None:
     [
         ("\n[batch]\nmax_delay_ms = -5\n", "batch", "max_delay_ms must be between 0 and 60000"),
         ("\n[apply]\nspark_min_rows = -1\n", "apply", "spark_min_rows must not be negative"),
+        ("\n[batch]\nack_interval_ms = -1\n", "batch", "ack_interval_ms must be between 0 and"),
         ('\n[batch]\nplan_ahead = "yes"\n', "batch.plan_ahead", "expected true or false"),
     ],
 )
@@ -188,4 +189,5 @@ def test_subscriber_batch_and_apply_defaults(tmp_path: Path) -> None:
     sub = load_subscriber(_write(tmp_path, SUB))
     assert sub.batch.max_delay_ms == 0  # no longer used (issue 23)
     assert sub.batch.plan_ahead is True
+    assert sub.batch.ack_interval_ms == 5  # coalesced acks (subscriber/stream.py)
     assert sub.apply.spark_min_rows == 10_000
