@@ -84,6 +84,14 @@ _ROWS = (Insert, Update, Delete)
 _ROW_TAGS = frozenset(b"IUD")  # their pgoutput messages
 _U32 = struct.Struct(">I").unpack_from
 _BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
+# Capture reads a backlog (Publication.catching_up, for the feeds: feed.py) from a
+# commit the server sent _BACKLOG_S or more after it was made (both times are the
+# server's clock: no skew) until one it sent within _LIVE_S, or 0.2 s with nothing to
+# read.  Checked at every commit while live, every _CHECK_EVERY-th in a backlog (the
+# send time is a datetime made on access, ~1 us).
+_BACKLOG_S = 1.0
+_LIVE_S = 0.25
+_CHECK_EVERY = 64
 
 
 class Session(SnapshotCrossing):
@@ -109,6 +117,8 @@ class Session(SnapshotCrossing):
         self.touched: set[str] = set()
         self.hold: int | None = None  # confirm the slot no further (a publication refused)
         self.last_feedback = 0.0
+        self.backlog = False  # reading a backlog: see _BACKLOG_S
+        self.commit_time_us = 0  # of the last commit read
         self.wal2json = (
             Wal2JsonDecoder(OriginNames(cap._admin, cap._lock))
             if cap.plugin == "wal2json"
@@ -118,7 +128,23 @@ class Session(SnapshotCrossing):
         self.watch: DdlWatch | None = DdlWatch(cap._admin, cap._lock)
         self.sequences = SequencePositions(cap._admin, cap._lock)
 
+    def _pace(self, msg: Any) -> None:
+        """After a commit: is capture reading a backlog (see _BACKLOG_S)?"""
+        late = msg.send_time.timestamp() - self.commit_time_us / 1e6
+        if late >= _BACKLOG_S and not self.backlog:
+            self._reading_backlog(True)
+        elif late < _LIVE_S and self.backlog:
+            self._reading_backlog(False)
+
+    def _reading_backlog(self, on: bool) -> None:
+        """Tell the feeds whether the head is live (``Publication.catching_up``)."""
+        self.backlog = on
+        for p in self.pubs:
+            p.catching_up = on
+
     def close(self) -> None:
+        if self.backlog:
+            self._reading_backlog(False)
         if self.txn is not None:
             for group in self.txn.groups.values():
                 group.abort()  # left inside a transaction: closed as abandoned (P3)
@@ -167,6 +193,7 @@ class Session(SnapshotCrossing):
         self.flusher.start()
         fd = self.conn.fileno()
         read, handle, halt = self.cur.read_message, self._handle, self.halt
+        done = 0  # cap.transactions at the last commit paced
         while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
@@ -182,9 +209,14 @@ class Session(SnapshotCrossing):
                     handle(msg.payload)
                 if self.txn is None:
                     self._feedback()
+                    if cap.transactions != done:  # msg was a commit
+                        done = cap.transactions
+                        if not self.backlog or not done % _CHECK_EVERY:
+                            self._pace(msg)
                 continue
             self._idle()
-            select.select([fd], [], [], 0.2)
+            if not select.select([fd], [], [], 0.2)[0] and self.backlog:
+                self._reading_backlog(False)  # 0.2 s with nothing to read: live
         if self.txn is None:
             self._feedback(force=True)
 
@@ -453,6 +485,7 @@ class Session(SnapshotCrossing):
         if txn is None:
             raise SourceError("commit without a transaction in the stream")
         self.txn = None
+        self.commit_time_us = ev.commit_time_us
         positions = (
             self.sequences.read(t for ts in txn.inserted.values() for t in ts)
             if txn.inserted
