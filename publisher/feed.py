@@ -42,8 +42,8 @@ CutKind; it is counted (by kind) and recorded in the registry.
 
 The queue threshold bounds how far a subscriber may trail the *live* stream.
 While capture reads a backlog (``Publication.catching_up``: PostgreSQL capture
-after a thousand transactions without a pause, e.g. started after both daemons
-were down) the head moves at capture's pace, thousands of entries a second, and a
+while the server sends commits a second or more after they were made, e.g. started
+after both daemons were down) the head moves at capture's pace, thousands of entries a second, and a
 subscriber that applies in large batches trails it by more than the threshold
 without being slow.  Before this rule its feed, in sync on reaching the head, was
 cut at once, then again after each reconnect and its backoff (W1, four cuts in a

@@ -57,9 +57,10 @@ class Publication:
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
         self.last_commit_time = time.time()
-        # Set by a capture while it reads a backlog (PostgreSQL: a thousand transactions
-        # with no pause), cleared at its first pause: feeds neither go in sync nor are
-        # cut for their queue meanwhile, the head not being live (feed.py).
+        # Set by a capture while it reads a backlog (PostgreSQL: commits sent by the
+        # server a second or more after they were made; capture/postgres/_session.py):
+        # feeds neither go in sync nor are cut for their queue meanwhile, the head not
+        # being live (feed.py).
         self.catching_up = False
         self.stages: StageLatency | None = None
         self._stage_lock = threading.Lock()
