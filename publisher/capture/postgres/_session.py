@@ -99,9 +99,10 @@ _U32 = struct.Struct(">I").unpack_from
 _BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
 # Capture reads a backlog (Publication.catching_up, for the feeds: feed.py) from a
 # commit the server sent _BACKLOG_S or more after it was made (both times are the
-# server's clock: no skew) until one it sent within _LIVE_S, or 0.2 s with nothing to
-# read.  Checked at every commit while live, every _CHECK_EVERY-th in a backlog (the
-# send time is a datetime made on access, ~1 us).
+# server's clock: no skew) until one it sent within _LIVE_S, or _BACKLOG_S with nothing
+# to read (not 0.2 s: a walsender starved of a core on a loaded machine pauses that
+# long inside a backlog).  Checked at every commit while live, every _CHECK_EVERY-th in
+# a backlog (the send time is a datetime made on access, ~1 us).
 _BACKLOG_S = 1.0
 _LIVE_S = 0.25
 _CHECK_EVERY = 64
@@ -217,6 +218,7 @@ class Session(SnapshotCrossing):
         fd = self.conn.fileno()
         read, handle, halt = self.cur.read_message, self._handle, self.halt
         done = 0  # cap.transactions at the last commit paced
+        dry = 0.0  # since when reads have found nothing (0: the last one found a message)
         while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
@@ -224,6 +226,7 @@ class Session(SnapshotCrossing):
                 self._reload()
             msg = read()
             if msg is not None:
+                dry = 0.0
                 handle(msg.payload)
                 while self.txn is not None and not halt.is_set():
                     msg = read()  # the rest of the transaction, back to back
@@ -241,8 +244,13 @@ class Session(SnapshotCrossing):
                 continue
             self._drain()  # nothing more to read now: what was read goes to the logs
             self._idle()
-            if not select.select([fd], [], [], 0.2)[0] and self.backlog:
-                self._reading_backlog(False)  # 0.2 s with nothing to read: live
+            select.select([fd], [], [], 0.2)
+            if self.backlog:
+                now = time.monotonic()
+                if not dry:
+                    dry = now
+                elif now - dry >= _BACKLOG_S:
+                    self._reading_backlog(False)  # that long with nothing to read: live
         self._drain()
         if self.txn is None:
             self._feedback(force=True)
