@@ -6,12 +6,15 @@ State machine (one feed per Sync stream)::
       │ Hello accepted: registry row ensured, Welcome sent
       ▼
     SYNCING: read the log from level + 1 in large batches, send them
-      │ next seq > head
+      │ next seq > head, capture not reading a backlog, and the subscriber's
+      │ unapplied entries within the queue threshold (else: wait for new entries,
+      │ or until it may go in sync; a syncing feed is never cut for its queue)
       ▼ send InSync(head)
     IN_SYNC: wait for new entries (no polling); send them as they become durable;
       │       Heartbeat(head) when idle for heartbeat_s
       ├─ head - acked > queue_threshold ──────▶ CUT "queue threshold"
       ├─ bytes sent, unacked > queue_threshold_bytes (if set) ▶ CUT "queue threshold"
+      │    (neither while capture reads a backlog: the head is not live then)
       ├─ a send blocked > send_timeout_s      ──▶ CUT "send timeout"
       └─ shutdown                             ──▶ CUT "publisher shutting down"
 
@@ -36,6 +39,24 @@ HTTP/2 flow control bounds).  Entries wait in the log itself, so a slow feed
 costs no memory on the publisher and a cut loses nothing (the subscriber
 resumes from its level).  A cut ends the stream with ABORTED, the reason and its
 CutKind; it is counted (by kind) and recorded in the registry.
+
+The queue threshold bounds how far a subscriber may trail the *live* stream.
+While capture reads a backlog (``Publication.catching_up``: PostgreSQL capture
+while the server sends commits a second or more after they were made, e.g. started
+after both daemons were down) the head moves at capture's pace, thousands of entries a second, and a
+subscriber that applies in large batches trails it by more than the threshold
+without being slow.  Before this rule its feed, in sync on reaching the head, was
+cut at once, then again after each reconnect and its backoff (W1, four cuts in a
+cold restart).  So: a feed goes in sync only when it is at the head, capture is
+not reading a backlog and the subscriber's unapplied entries are within the
+threshold (sent is not applied); until then it stays syncing, sends each new
+entry as it becomes durable, and is never cut for its queue.  An ack that brings
+the subscriber within wakes it; the end of capture's backlog is looked for every
+``_RECHECK_S`` (no wake comes from the capture thread).  An in-sync feed is not
+cut for its queue while capture reads a backlog either: the cut waits for the
+live stream, and nothing is held in memory meanwhile (entries wait in the log,
+HTTP/2 flow control bounds what is in transit, the send timeout still cuts a
+subscriber that stops reading).
 
 Max delta is checked on every sync request.  An operator's mark-valid waives
 it once: the subscriber may then catch up however far behind it is, and the
@@ -82,6 +103,9 @@ __all__ = ["CUT_PREFIX", "INVALID_PREFIX", "Feed", "FeedManager"]
 log = structlog.get_logger(__name__)
 
 INVALID_PREFIX = "subscriber is invalid"  # the message of REFUSAL_KIND_INVALID starts so
+# A syncing feed at the head, while capture reads a backlog: how often it looks for the
+# backlog's end (to go in sync; the capture thread sends no wake).
+_RECHECK_S = 0.05
 
 
 def _refused(kind: RefusalKind, message: str) -> FeedRefused:
@@ -110,6 +134,8 @@ class Feed:
     inflight: collections.deque[tuple[int, int]] = field(default_factory=collections.deque)
     inflight_bytes: int = 0
     sends: SendWatch | None = None  # the send timeout (publisher/sendwatch.py)
+    # While syncing at the head: the wait an ack wakes when the feed may go in sync.
+    waiting: asyncio.Future[int] | None = None
 
     def acknowledge(self, level: int) -> None:
         self.acked = level
@@ -370,6 +396,9 @@ class FeedManager:
                     continue
                 feed.acknowledge(level)
                 recorder.ack(level)  # to the registry behind the acks (publisher/acks.py)
+                waiting = feed.waiting
+                if waiting is not None and _ready(feed, pub.log.head):
+                    _settle(waiting)  # syncing at the head, now within: go in sync
 
     async def _send(
         self,
@@ -413,7 +442,11 @@ class FeedManager:
         while not self.stopping.is_set():
             head = plog.head
             if next_seq <= head:
-                if feed.state == "in_sync" and head - feed.acked > cfg.queue_threshold:
+                if (
+                    feed.state == "in_sync"
+                    and head - feed.acked > cfg.queue_threshold
+                    and not pub.catching_up
+                ):
                     return self._cut(
                         feed,
                         pb.CUT_KIND_QUEUE_THRESHOLD,
@@ -451,6 +484,7 @@ class FeedManager:
                     feed.state == "in_sync"
                     and cfg.queue_threshold_bytes
                     and feed.inflight_bytes > cfg.queue_threshold_bytes
+                    and not pub.catching_up
                 ):
                     return self._cut(
                         feed,
@@ -459,7 +493,7 @@ class FeedManager:
                         f"> {cfg.queue_threshold_bytes}",
                     )
                 continue
-            if feed.state == "syncing":
+            if feed.state == "syncing" and _ready(feed, head):
                 feed.state = "in_sync"
                 msg = pb.PublisherMessage()
                 msg.in_sync.head = head
@@ -476,7 +510,12 @@ class FeedManager:
                 log.info(
                     "feed in sync", publication=pub.name, subscriber=feed.subscriber, head=head
                 )
-            new_head = await self._wait(plog, next_seq, cfg.heartbeat_s)
+            if feed.state == "syncing":
+                if await self._wait_syncing(feed, next_seq):
+                    continue  # new entries, or it may go in sync now
+                new_head = plog.head
+            else:
+                new_head = await self._wait(plog, next_seq, cfg.heartbeat_s)
             if new_head < next_seq and not self.stopping.is_set():
                 msg = pb.PublisherMessage()
                 msg.heartbeat.head = new_head
@@ -489,12 +528,13 @@ class FeedManager:
                     )
         return self._cut(feed, pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN, "publisher shutting down")
 
-    async def _wait(self, plog: Log, seq: int, wait_s: float) -> int:
-        """Wait until the log's head reaches ``seq``, ``wait_s`` passes, or shutdown.
+    async def _wait(self, plog: Log, seq: int, wait_s: float, feed: Feed | None = None) -> int:
+        """Wait until the log's head reaches ``seq``, ``wait_s`` passes, or shutdown
+        (or, given a syncing ``feed``, an ack brings it within the queue threshold).
 
         Per wait (per entry in sync) a future of the log's head watch and a timer, no
-        task (issue 23): the watch, the timer or the shutdown (:meth:`_stopped`)
-        settles the future.
+        task (issue 23): the watch, the timer, the shutdown (:meth:`_stopped`) or the
+        feed's ack settles the future.
         """
         stop = self._stopped()
         if stop.done():
@@ -504,13 +544,32 @@ class FeedManager:
         if not fut.done():
             timer = asyncio.get_running_loop().call_later(wait_s, _settle, fut)
             self._waits.add(fut)
+            if feed is not None:
+                feed.waiting = fut
             try:
                 await fut
             finally:
                 timer.cancel()
                 self._waits.discard(fut)
                 watch.discard(fut)
+                if feed is not None:
+                    feed.waiting = None
         return plog.head
+
+    async def _wait_syncing(self, feed: Feed, seq: int) -> bool:
+        """A syncing feed at the head: wait for entry ``seq``, or until the feed may go
+        in sync; True then (or at shutdown), False after ``heartbeat_s`` of neither."""
+        pub = feed.publication
+        deadline = time.monotonic() + pub.config.heartbeat_s
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # While capture reads a backlog, its end is looked for every _RECHECK_S.
+            wait_s = min(left, _RECHECK_S) if pub.catching_up else left
+            head = await self._wait(pub.log, seq, wait_s, feed)
+            if head >= seq or self.stopping.is_set() or _ready(feed, head):
+                return True
 
     def _stopped(self) -> asyncio.Future[Any]:
         """Done once ``stopping`` is set, and then settles every feed's wait: one for
@@ -538,6 +597,19 @@ class FeedManager:
         )
         self.registry.record_cut(pub.name, feed.subscriber, kind, reason)
         return Cut(kind, reason)
+
+
+def _ready(feed: Feed, head: int) -> bool:
+    """Whether a syncing ``feed`` at ``head`` may go in sync: capture is not reading a
+    backlog and the subscriber's queue (sent or not, not yet applied) is within the
+    threshold, so that being in sync does not mean being cut at the next entry."""
+    pub = feed.publication
+    cfg = pub.config
+    return (
+        not pub.catching_up
+        and head - feed.acked <= cfg.queue_threshold
+        and not (cfg.queue_threshold_bytes and feed.inflight_bytes > cfg.queue_threshold_bytes)
+    )
 
 
 def _settle(fut: asyncio.Future[int]) -> None:

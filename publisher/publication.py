@@ -57,6 +57,11 @@ class Publication:
         self._open: int | None = None  # fragment index of an open group's last fragment
         self.position = self._position_from_log()
         self.last_commit_time = time.time()
+        # Set by a capture while it reads a backlog (PostgreSQL: commits sent by the
+        # server a second or more after they were made; capture/postgres/_session.py):
+        # feeds neither go in sync nor are cut for their queue meanwhile, the head not
+        # being live (feed.py).
+        self.catching_up = False
         self.stages: StageLatency | None = None
         self._stage_lock = threading.Lock()
         self._appended_at: collections.deque[tuple[int, float]] = collections.deque()
@@ -182,6 +187,43 @@ class Publication:
             data = head.SerializeToString() + ops + tail.SerializeToString()
             seq = self.log.append([data], wait=wait)
             return self._booked(seq, began, position, commit_time_us, None)
+
+    def append_encoded_many(
+        self, items: Sequence[tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]]
+    ) -> int:
+        """``append_encoded(ops, position, commit_time_us=, origin=, sequences=,
+        wait=False)`` of each item (ops, position, commit time, origin, sequences) in
+        order, as consecutive seqs, under one lock and in one ``Log.append``: capture
+        reading a backlog (capture/postgres/_session.py).  Returns the first seq."""
+        if not items:
+            raise ValueError("append_encoded_many needs at least one entry")
+        if self.shaper:
+            seqs = [
+                self.append_encoded(
+                    ops, position, commit_time_us=t, origin=origin, sequences=sq, wait=False
+                )
+                for ops, position, t, origin, sq in items
+            ]
+            return seqs[0]
+        with self._lock:
+            self._lock.wait_for(lambda: self._open is None)
+            began = time.time()
+            stamp, node = self._stamp, self.node
+            data = []
+            for ops, position, t, origin, sq in items:
+                t = stamp(t, began)
+                head = pb.Entry(commit_time_us=t, source_position=str(position))
+                tail = pb.Entry(origin=origin or node, sequences=sq)
+                data.append(head.SerializeToString() + ops + tail.SerializeToString())
+            seq = self.log.append(data, wait=False)
+            if self.stages is not None:
+                with self._stage_lock:
+                    self._appended_at.extend((seq + i, began) for i in range(len(data)))
+                    self._settle(self.log.head)
+            self.position = items[-1][1]
+            self.last_commit_time = t / 1_000_000
+            self._lock.notify_all()
+            return seq
 
     def _stamp(self, commit_time_us: int, began: float) -> int:
         """An entry's commit time (now if it has none); observes the ``capture`` stage."""

@@ -43,6 +43,7 @@ async def served_feeds(
     schemas: Sequence[pb.TableSchema] = (),
     *,
     heartbeat_s: float = 5.0,
+    queue_threshold: int = 10_000,
 ) -> AsyncIterator[ServedFeeds[R]]:
     """Publication "shop" (log and registry under ``root``) served on 127.0.0.1:0;
     its tables ``schemas`` (default: "notes"), their schema the log's first entry."""
@@ -50,7 +51,9 @@ async def served_feeds(
         schema_op("notes", [("id", "integer"), ("body", "text")], ["id"])
     ]
     tables = [op.schema.table for op in ops]
-    config = PublicationConfig(name="shop", tables=tables, heartbeat_s=heartbeat_s)
+    config = PublicationConfig(
+        name="shop", tables=tables, heartbeat_s=heartbeat_s, queue_threshold=queue_threshold
+    )
     pub = Publication(config, open_log(root / "log"))
     pub.append(pb.Entry(ops=ops))
     reg = registry(f"sqlite:///{root / 'registry.db'}")

@@ -19,6 +19,19 @@ aborted, one error line naming table and key) and the slot is confirmed no
 further, so its changes stay in the WAL for a restart with a larger limit; the
 other publications go on.  A session that ends inside a transaction aborts the
 groups it opened (:meth:`Session.close`); kill -9 leaves that to the next open.
+
+Transactions read back to back (a backlog) are appended together: each commit's
+entry waits in ``queued`` (at most ``_QUEUE_MAX``) and :meth:`Session._drain`
+appends them, each publication's in one call, when a read finds nothing more, and
+before anything else touches the logs or the slot: a fragment (``_room``), a crossing
+or a mark (a Begin with one pending), a schema saved or a copy asked (``_commit``),
+a reload (positions read), a confirmation (``_feedback`` drains, then flushes, then
+confirms).  So the logs keep commit order (every other capture append follows a
+drain), and no queued entry is confirmed to the source before it is durable: kill -9
+loses the queue, which is in no log and not confirmed, and the restart reads it
+again.  A ``Publish`` append between carries the position of the last entry
+appended, below the queued ones': positions never decrease along a log.  One entry
+per transaction as before (transaction boundaries and commit times stay exact).
 """
 
 from __future__ import annotations
@@ -84,6 +97,22 @@ _ROWS = (Insert, Update, Delete)
 _ROW_TAGS = frozenset(b"IUD")  # their pgoutput messages
 _U32 = struct.Struct(">I").unpack_from
 _BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
+# Capture reads a backlog (Publication.catching_up, for the feeds: feed.py) from a
+# commit the server sent _BACKLOG_S or more after it was made (both times are the
+# server's clock: no skew) until one it sent within _LIVE_S, or _BACKLOG_S with nothing
+# to read (not 0.2 s: a walsender starved of a core on a loaded machine pauses that
+# long inside a backlog).  Checked at every commit while live, every _CHECK_EVERY-th in
+# a backlog (the send time is a datetime made on access, ~1 us).
+_BACKLOG_S = 1.0
+_LIVE_S = 0.25
+_CHECK_EVERY = 64
+# Entries of transactions read back to back are appended together, up to this many
+# (_drain): one lock, one framing call and one flusher kick per group.
+_QUEUE_MAX = 128
+
+# An entry waiting in Session.queued: its ops' bytes, position, commit time, origin and
+# sequence positions (Publication.append_encoded_many).
+Queued = tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]
 
 
 class Session(SnapshotCrossing):
@@ -109,6 +138,10 @@ class Session(SnapshotCrossing):
         self.touched: set[str] = set()
         self.hold: int | None = None  # confirm the slot no further (a publication refused)
         self.last_feedback = 0.0
+        self.backlog = False  # reading a backlog: see _BACKLOG_S
+        self.commit_time_us = 0  # of the last commit read
+        # Transactions read back to back, their entries not yet appended (_drain).
+        self.queued: list[tuple[Publication, Queued]] = []
         self.wal2json = (
             Wal2JsonDecoder(OriginNames(cap._admin, cap._lock))
             if cap.plugin == "wal2json"
@@ -118,7 +151,23 @@ class Session(SnapshotCrossing):
         self.watch: DdlWatch | None = DdlWatch(cap._admin, cap._lock)
         self.sequences = SequencePositions(cap._admin, cap._lock)
 
+    def _pace(self, msg: Any) -> None:
+        """After a commit: is capture reading a backlog (see _BACKLOG_S)?"""
+        late = msg.send_time.timestamp() - self.commit_time_us / 1e6
+        if late >= _BACKLOG_S and not self.backlog:
+            self._reading_backlog(True)
+        elif late < _LIVE_S and self.backlog:
+            self._reading_backlog(False)
+
+    def _reading_backlog(self, on: bool) -> None:
+        """Tell the feeds whether the head is live (``Publication.catching_up``)."""
+        self.backlog = on
+        for p in self.pubs:
+            p.catching_up = on
+
     def close(self) -> None:
+        if self.backlog:
+            self._reading_backlog(False)
         if self.txn is not None:
             for group in self.txn.groups.values():
                 group.abort()  # left inside a transaction: closed as abandoned (P3)
@@ -131,6 +180,7 @@ class Session(SnapshotCrossing):
             self.conn = None
 
     def _reload(self) -> None:
+        self._drain()  # _load compares the publications' positions
         self.cap._dirty.clear()
         self.sequences.forget()
         old = self.state
@@ -167,6 +217,8 @@ class Session(SnapshotCrossing):
         self.flusher.start()
         fd = self.conn.fileno()
         read, handle, halt = self.cur.read_message, self._handle, self.halt
+        done = 0  # cap.transactions at the last commit paced
+        dry = 0.0  # since when reads have found nothing (0: the last one found a message)
         while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
@@ -174,6 +226,7 @@ class Session(SnapshotCrossing):
                 self._reload()
             msg = read()
             if msg is not None:
+                dry = 0.0
                 handle(msg.payload)
                 while self.txn is not None and not halt.is_set():
                     msg = read()  # the rest of the transaction, back to back
@@ -181,10 +234,24 @@ class Session(SnapshotCrossing):
                         break
                     handle(msg.payload)
                 if self.txn is None:
+                    if len(self.queued) >= _QUEUE_MAX:
+                        self._drain()
                     self._feedback()
+                    if cap.transactions != done:  # msg was a commit
+                        done = cap.transactions
+                        if not self.backlog or not done % _CHECK_EVERY:
+                            self._pace(msg)
                 continue
+            self._drain()  # nothing more to read now: what was read goes to the logs
             self._idle()
             select.select([fd], [], [], 0.2)
+            if self.backlog:
+                now = time.monotonic()
+                if not dry:
+                    dry = now
+                elif now - dry >= _BACKLOG_S:
+                    self._reading_backlog(False)  # that long with nothing to read: live
+        self._drain()
         if self.txn is None:
             self._feedback(force=True)
 
@@ -198,6 +265,8 @@ class Session(SnapshotCrossing):
         first = payload[0] if payload else 0
         if first == 0x42 and len(payload) == 21:  # Begin: no event made either
             lsn, ts, _xid = _BEGIN(payload, 1)
+            if self.queued and (self.pending is not None or self.cap._marks):
+                self._drain()  # a crossing appends, a mark reads the heads
             self._cross(lsn)
             self.txn = Txn(lsn, ts + PG_EPOCH_US)
             return
@@ -223,6 +292,8 @@ class Session(SnapshotCrossing):
         if isinstance(ev, _ROWS):
             self._change(ev)
         elif isinstance(ev, Begin):
+            if self.queued and (self.pending is not None or self.cap._marks):
+                self._drain()  # a crossing appends, a mark reads the heads
             self._cross(ev.final_lsn)
             self.txn = Txn(ev.final_lsn, ev.commit_time_us)
         elif isinstance(ev, Commit):
@@ -392,6 +463,7 @@ class Session(SnapshotCrossing):
             txn.sizes[name] = 0
             group = txn.groups.get(name)
             if group is None:
+                self._drain()  # the transactions before it first
                 group = txn.groups[name] = GroupWriter(ps.pub)
             group.add(entry, ps.pub.position)
             self.touched.add(name)
@@ -453,6 +525,7 @@ class Session(SnapshotCrossing):
         if txn is None:
             raise SourceError("commit without a transaction in the stream")
         self.txn = None
+        self.commit_time_us = ev.commit_time_us
         positions = (
             self.sequences.read(t for ts in txn.inserted.values() for t in ts)
             if txn.inserted
@@ -473,20 +546,16 @@ class Session(SnapshotCrossing):
                 entry.origin = txn.origin
                 entry.sequences.extend(seqs)
                 group.add(entry, ev.commit_lsn)
-            else:  # the entry not built: its bytes written (publication.py)
-                ps.pub.append_encoded(
-                    framed(ops),
-                    ev.commit_lsn,
-                    commit_time_us=ev.commit_time_us,
-                    origin=txn.origin,
-                    sequences=seqs,
-                    wait=False,
-                )
-                self.cap.entries += 1
+            else:  # the entry not built: its bytes written (publication.py), by _drain
+                item = (framed(ops), ev.commit_lsn, ev.commit_time_us, txn.origin, seqs)
+                self.queued.append((ps.pub, item))
             self.touched.add(pubname)
-        for group in txn.groups.values():
-            self.cap.entries += group.finish(ev.commit_lsn)
-        self.flusher.kick()
+        if txn.groups:
+            for group in txn.groups.values():
+                self.cap.entries += group.finish(ev.commit_lsn)
+            self.flusher.kick()
+        if txn.recopy or txn.logged:
+            self._drain()  # durable below, before the copy is asked or the schema saved
         for pubname, table in txn.recopy:
             # Before the new schema is saved and the slot confirmed: see _evolve.
             request_copy(self.cap, pubname, table)
@@ -526,12 +595,33 @@ class Session(SnapshotCrossing):
         self.confirmable = max(self.confirmable, wal_end)
         self._feedback()
 
+    def _drain(self) -> None:
+        """Append the queued entries (each publication's in one call) and kick the
+        flusher.  Until then nothing of them is in a log, and the slot is not confirmed
+        past them (_feedback drains first): a crash re-reads them from the slot."""
+        queued = self.queued
+        if not queued:
+            return
+        self.queued = []
+        pub = queued[0][0]
+        if all(p is pub for p, _ in queued):
+            pub.append_encoded_many([item for _, item in queued])
+        else:  # several publications: each its own, in commit order
+            by_pub: dict[str, tuple[Publication, list[Queued]]] = {}
+            for p, item in queued:
+                by_pub.setdefault(p.name, (p, []))[1].append(item)
+            for p, items in by_pub.values():
+                p.append_encoded_many(items)
+        self.cap.entries += len(queued)
+        self.flusher.kick()
+
     def _feedback(self, force: bool = False) -> None:
         now = time.monotonic()
         if self.confirmable <= self.confirmed:
             return
         if not force and now - self.last_feedback < self.cap.feedback_interval_s:
             return
+        self._drain()
         for name in self.touched:
             self.state[name].pub.log.flush()  # durable before the slot moves past it
         self.touched.clear()

@@ -72,3 +72,33 @@ async def test_a_feed_waiting_at_the_head_is_cut_at_shutdown(tmp_path: Path) -> 
             assert cut_kind(sub.trailing) == pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN
         finally:
             await sub.close()
+
+
+async def test_while_capture_reads_a_backlog_a_feed_is_neither_in_sync_nor_cut(
+    tmp_path: Path,
+) -> None:
+    """While capture reads a backlog (the head moving at capture's pace, not live) a
+    feed at the head stays syncing and is not cut for its queue, though it trails the
+    head by more than the threshold; it goes in sync once the backlog is read and its
+    acks are within the threshold."""
+    async with served_feeds(tmp_path, Registry, queue_threshold=5) as served:
+        pub = served.pub
+        pub.catching_up = True  # as PostgreSQL capture says while reading a backlog
+        sub = await RawSubscriber(served.address, "s1", ack=False).start()
+        try:
+            await sub.wait_level(pub.log.head, 60)
+            for i in range(10):  # the backlog goes on; nothing is acknowledged
+                await asyncio.to_thread(pub.append, pb.Entry(ops=[insert_op("notes", [i, "x"])]))
+            await sub.wait_level(pub.log.head, 60)  # fed all along, not cut
+            assert not sub.in_sync.is_set()
+            sub.ack = True
+            seq = await asyncio.to_thread(pub.append, pb.Entry(ops=[insert_op("notes", [99, "y"])]))
+            await sub.wait_level(seq, 60)  # and acknowledged: within the threshold now
+            pub.catching_up = False  # the backlog read: the head is live again
+            await asyncio.wait_for(sub.in_sync.wait(), 60)
+            assert sub.code is None
+            row = served.registry.get(pub.name, "s1")
+            assert row is not None
+            assert row.cuts == 0
+        finally:
+            await sub.close()

@@ -220,6 +220,35 @@ async def test_in_sync_feed_that_does_not_ack_is_cut_by_queue_threshold(pub: Pub
     await resumed.close()
 
 
+async def test_feed_at_the_head_but_far_from_applied_stays_syncing_and_is_not_cut(
+    pub: Pub,
+) -> None:
+    """A subscriber sent the whole log but more than the threshold behind in applying it
+    (a restart while capture catches up) is not cut for its queue: it is sent the new
+    entries as they come, and goes in sync once its acks bring it within."""
+    pub.publish("shop", THRESHOLD + 10)
+    behind = RawSubscriber(pub.address, "behind", ack=False)
+    await behind.start()
+    await behind.wait_level(pub.head())  # sent everything, applied (acked) nothing
+    head = await asyncio.to_thread(pub.publish, "shop", 5, 10, 100)
+    await behind.wait_level(head)  # not cut: still fed
+    assert not behind.in_sync.is_set()
+    assert behind.code is None
+    behind.ack = True  # acks from its next batch on
+    head = await asyncio.to_thread(pub.publish, "shop", 1, 10, 200)
+    await behind.wait_level(head)
+    await asyncio.wait_for(behind.in_sync.wait(), 10)
+    assert behind.code is None
+
+    async def recorded() -> None:  # the registry's state follows the InSync message
+        while pub.subscribers()["behind"].state != "in_sync":
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(recorded(), 30)
+    assert pub.subscribers()["behind"].cuts == 0
+    await behind.close()
+
+
 async def test_subscriber_that_stops_reading_is_cut_by_send_timeout(pub: Pub) -> None:
     """A feed whose sends block longer than send_timeout_s is cut with that reason."""
     stuck = RawSubscriber(pub.address, "stuck", publication="bulk")

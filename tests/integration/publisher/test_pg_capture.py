@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import time
 from pathlib import Path
 
 import psycopg
@@ -289,6 +290,33 @@ def test_a_backlog_shares_fsyncs_and_arrives_whole(pg_db: str, tmp_path: Path) -
     assert len(fsyncs) < 100, f"{len(fsyncs)} fsyncs for 300 transactions"
     entries = read_entries(pub)
     assert [r[3][0] for r in row_ops(entries[1:])] == list(range(301))
+
+
+def test_a_backlog_is_flagged_to_the_feeds_while_capture_reads_it(
+    pg_db: str, tmp_path: Path
+) -> None:
+    """Capture reading a backlog (1,500 transactions written while it was down, the
+    server sending them seconds after their commits) says so to the feeds
+    (``Publication.catching_up``: the head is not live, feed.py), and stops saying so
+    once it has read it all."""
+    execute(pg_db, "CREATE TABLE k(id int PRIMARY KEY, v int)")
+    pub = open_pub(tmp_path, "p1", ["k"])
+    with capturing(pg_db, [pub]) as run:
+        execute(pg_db, "INSERT INTO k VALUES (0, 0)")
+        run.wait_heads({"p1": 2})
+        # in step with the source (the install's own commits may have come late)
+        wait_for(lambda: not pub.catching_up, what="capture in step")
+    with psycopg.connect(pg_db, autocommit=True) as conn:
+        for i in range(1, 1501):
+            conn.execute("INSERT INTO k VALUES (%s, %s)", (i, i))
+    time.sleep(1.5)  # the backlog's commits older than _BACKLOG_S when capture reads them
+    seen: list[tuple[int, bool]] = []  # (head, the flag) at each durable head
+    pub.log.add_listener(lambda head: seen.append((head, pub.catching_up)))
+    with capturing(pg_db, [pub]) as run:
+        run.wait_heads({"p1": 1502})
+        wait_for(lambda: not pub.catching_up, what="the end of the backlog")
+    assert any(flag for _, flag in seen), "never flagged while reading 1,500 transactions"
+    assert not pub.catching_up
 
 
 def test_table_added_later_gets_schema_and_rows(pg_db: str, tmp_path: Path) -> None:

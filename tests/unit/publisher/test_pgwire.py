@@ -252,7 +252,8 @@ def test_row_messages_read_straight_into_the_ops_of_their_events() -> None:
 def test_an_encoded_append_logs_the_bytes_of_the_entry(tmp_path: Path) -> None:
     """Publication.append_encoded logs the very bytes append logs for the same Entry
     (origin given or the node's, sequence positions or none), and so does it through
-    a publication's shaping."""
+    a publication's shaping; so does append_encoded_many for runs of them (a backlog's
+    entries appended together), as consecutive seqs."""
     rng = random.Random("pgwire-append")
     infos = _infos()
     writer = RowWriter("t", infos, [0])
@@ -260,12 +261,14 @@ def test_an_encoded_append_logs_the_bytes_of_the_entry(tmp_path: Path) -> None:
     for config in (PublicationConfig(name="p", tables=["t"]), shaped):
         a = Publication(config, open_log(tmp_path / f"{config.name}-a"), node="n1")
         b = Publication(config, open_log(tmp_path / f"{config.name}-b"), node="n1")
+        c = Publication(config, open_log(tmp_path / f"{config.name}-c"), node="n1")
+        run: list[tuple[bytes, int, int, str, list[pb.SequencePosition]]] = []
         schema = pb.TableSchema(
             table="t",
             columns=[i.column(f"c{n}", True) for n, i in enumerate(infos)],
             primary_key=["c0"],
         )
-        for pub in (a, b):
+        for pub in (a, b, c):
             pub.append(pb.Entry(commit_time_us=1, ops=[pb.Op(schema=schema)]), 1)
         for n in range(30):
             ops = [writer.insert((str(n), *_row(rng, infos)[1:])) for _ in range(rng.randint(1, 4))]
@@ -283,9 +286,15 @@ def test_an_encoded_append_logs_the_bytes_of_the_entry(tmp_path: Path) -> None:
                 sequences=seqs,
                 wait=False,
             )
-        for pub in (a, b):
+            run.append((framed(ops), 100 + n, entry.commit_time_us, origin, seqs))
+            if rng.random() < 0.3 or n == 29:
+                first = c.append_encoded_many(run)
+                assert first == n + 3 - len(run)  # entry n is seq n + 2 (the schema is 1)
+                run = []
+        for pub in (a, b, c):
             pub.log.flush()
         assert a.log.read(1, max_entries=100) == b.log.read(1, max_entries=100)
-        assert a.position == b.position == 129
-        a.log.close()
-        b.log.close()
+        assert a.log.read(1, max_entries=100) == c.log.read(1, max_entries=100)
+        assert a.position == b.position == c.position == 129
+        for pub in (a, b, c):
+            pub.log.close()
