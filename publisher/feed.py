@@ -81,14 +81,13 @@ import structlog
 from common.errors import overlong
 from common.feedstatus import (
     CUT_PREFIX,
-    REFUSAL_CODES,
     CutKind,
-    RefusalKind,
     cut_metadata,
     refusal_metadata,
 )
 from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
+from publisher._admission import INVALID_PREFIX, admit, refused
 from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
 from publisher.log import Log, PurgedError
@@ -102,15 +101,9 @@ __all__ = ["CUT_PREFIX", "INVALID_PREFIX", "Feed", "FeedManager"]
 
 log = structlog.get_logger(__name__)
 
-INVALID_PREFIX = "subscriber is invalid"  # the message of REFUSAL_KIND_INVALID starts so
 # A syncing feed at the head, while capture reads a backlog: how often it looks for the
 # backlog's end (to go in sync; the capture thread sends no wake).
 _RECHECK_S = 0.05
-
-
-def _refused(kind: RefusalKind, message: str) -> FeedRefused:
-    """A refusal of ``kind``, with the status code the wire contract gives it."""
-    return FeedRefused(REFUSAL_CODES[kind], message, kind=kind)
 
 
 @dataclass(frozen=True)
@@ -247,7 +240,7 @@ class FeedManager:
         context: grpc.aio.ServicerContext[pb.SubscriberMessage, pb.PublisherMessage],
     ) -> Feed:
         if not msg.HasField("hello"):
-            raise _refused(pb.REFUSAL_KIND_MALFORMED, "the first message of Sync must be a Hello")
+            raise refused(pb.REFUSAL_KIND_MALFORMED, "the first message of Sync must be a Hello")
         hello = msg.hello
         problem = overlong(
             subscriber=hello.subscriber,
@@ -256,13 +249,13 @@ class FeedManager:
             incarnation=hello.incarnation,
         )
         if problem:
-            raise _refused(pb.REFUSAL_KIND_MALFORMED, f"Hello: {problem}")
+            raise refused(pb.REFUSAL_KIND_MALFORMED, f"Hello: {problem}")
         if not hello.subscriber or not hello.publication:
-            raise _refused(
+            raise refused(
                 pb.REFUSAL_KIND_MALFORMED, "Hello needs a subscriber name and a publication"
             )
         if hello.publisher and hello.publisher != self.server_name:
-            raise _refused(
+            raise refused(
                 pb.REFUSAL_KIND_WRONG_PUBLISHER,
                 f"this is publisher {self.server_name!r}, not {hello.publisher!r}: "
                 "check the subscription's publisher name and address",
@@ -270,7 +263,7 @@ class FeedManager:
         pub = self.publications.get(hello.publication)
         if pub is None:
             known = ", ".join(sorted(self.publications)) or "none"
-            raise _refused(
+            raise refused(
                 pb.REFUSAL_KIND_UNKNOWN_PUBLICATION,
                 f"publication {hello.publication!r} not found on publisher "
                 f"{self.server_name!r} (known: {known})",
@@ -279,7 +272,7 @@ class FeedManager:
             self.authorize(hello, context)
         plog = pub.log
         if hello.incarnation and hello.incarnation != plog.incarnation:
-            raise _refused(
+            raise refused(
                 pb.REFUSAL_KIND_INCARNATION_CHANGED,
                 f"publication {pub.name!r} has incarnation {plog.incarnation}, the subscriber "
                 f"has {hello.incarnation}: the publication was re-created; re-initialise the "
@@ -295,7 +288,7 @@ class FeedManager:
                 sync_level=hello.level,
                 head=head,
             )
-            raise _refused(
+            raise refused(
                 pb.REFUSAL_KIND_AHEAD_OF_HEAD,
                 f"subscriber level {hello.level} is ahead of publication {pub.name!r} head "
                 f"{head}: the publisher lost entries or was restored; refusing to go back",
@@ -303,7 +296,7 @@ class FeedManager:
         # Admission (the purge checks and the registration) and a retention pass
         # exclude each other (Publication.retention_lock): otherwise a pass that read
         # the registry before this subscriber was registered purges what it needs.
-        refusal = await asyncio.to_thread(self._admit, pub, hello)
+        refusal = await asyncio.to_thread(admit, self.registry, pub, hello)
         if refusal is not None:
             raise refusal
         await asyncio.to_thread(
@@ -317,57 +310,6 @@ class FeedManager:
             last_sent=hello.level,
             acked=hello.level,
         )
-
-    def _admit(self, pub: Publication, hello: pb.Hello) -> FeedRefused | None:
-        """The purge and max-delta checks of a Hello, and the subscriber's
-        registration, under the publication's retention lock (in a worker thread);
-        the refusal to raise, if any."""
-        plog = pub.log
-        head = plog.head
-        with pub.retention_lock:
-            if (
-                hello.level == 0
-                and not hello.incarnation
-                and plog.first_seq > 1
-                and self.registry.get(pub.name, hello.subscriber) is None
-            ):
-                # A new subscriber after a purge: nothing to invalidate, it needs a snapshot.
-                return _refused(
-                    pb.REFUSAL_KIND_SNAPSHOT_REQUIRED,
-                    f"snapshot required: entries 1..{plog.first_seq - 1} of {pub.name!r} were "
-                    'purged; start this subscriber from a snapshot (initial = "auto" or '
-                    "\"snapshot\", or 'txrepl subscriber reinit')",
-                )
-            reg = self.registry.ensure(pub.name, hello.subscriber, plog.incarnation, hello.level)
-            if not reg.valid:
-                return _refused(
-                    pb.REFUSAL_KIND_INVALID,
-                    f"{INVALID_PREFIX}: {reg.invalid_reason}; re-initialise it, then run "
-                    f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
-                )
-            reason = ""
-            if hello.level + 1 < plog.first_seq:
-                first = plog.first_seq
-                reason = f"its next entry {hello.level + 1} was purged (first retained: {first})"
-            elif head - hello.level > pub.config.max_delta and not reg.waive_delta:
-                reason = (
-                    f"level {hello.level} lags head {head} by {head - hello.level} entries, "
-                    f"more than max_delta {pub.config.max_delta}"
-                )
-            if reason:
-                self.registry.mark_invalid(pub.name, hello.subscriber, reason)
-                log.warning(
-                    "subscriber marked invalid",
-                    publication=pub.name,
-                    subscriber=hello.subscriber,
-                    reason=reason,
-                )
-                return _refused(
-                    pb.REFUSAL_KIND_INVALID,
-                    f"{INVALID_PREFIX}: {reason}; re-initialise it, then run "
-                    f"'txrepl admin mark-valid {pub.name} {hello.subscriber}'",
-                )
-            return None
 
     async def _read_acks(
         self,

@@ -38,7 +38,11 @@ from publisher.config import PublicationConfig
 from publisher.log import Log
 from publisher.shaping import Shaper, shapings
 
-__all__ = ["Publication"]
+__all__ = ["Encoded", "Publication", "append_in_order"]
+
+# An entry as its fields: its ops' bytes, position, commit time, origin and sequence
+# positions (Publication.append_encoded_many).
+Encoded = tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]
 
 _DURABLE_KEPT = 8192  # seqs whose durable time the feeds may still ask for
 
@@ -188,9 +192,7 @@ class Publication:
             seq = self.log.append([data], wait=wait)
             return self._booked(seq, began, position, commit_time_us, None)
 
-    def append_encoded_many(
-        self, items: Sequence[tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]]
-    ) -> int:
+    def append_encoded_many(self, items: Sequence[Encoded]) -> int:
         """``append_encoded(ops, position, commit_time_us=, origin=, sequences=,
         wait=False)`` of each item (ops, position, commit time, origin, sequences) in
         order, as consecutive seqs, under one lock and in one ``Log.append``: capture
@@ -277,3 +279,19 @@ class Publication:
         """Move the capture position past rows that held nothing for this publication."""
         with self._lock:
             self.position = max(self.position, position)
+
+
+def append_in_order(queued: Sequence[tuple[Publication, Encoded]]) -> None:
+    """Append ``queued`` entries, each publication's in one ``append_encoded_many``
+    call, each publication's in commit order (capture/postgres/_session.py)."""
+    if not queued:
+        return
+    pub = queued[0][0]
+    if all(p is pub for p, _ in queued):
+        pub.append_encoded_many([item for _, item in queued])
+        return
+    by_pub: dict[str, tuple[Publication, list[Encoded]]] = {}
+    for p, item in queued:
+        by_pub.setdefault(p.name, (p, []))[1].append(item)
+    for p, items in by_pub.values():
+        p.append_encoded_many(items)

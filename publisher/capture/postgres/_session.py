@@ -52,6 +52,7 @@ from common.rpc import txrepl_pb2 as pb
 from publisher.capture.calls import CallScope, read_call
 from publisher.capture.groups import GroupWriter
 from publisher.capture.logs import Flusher, last_before
+from publisher.capture.postgres._backlog import Backlog
 from publisher.capture.postgres._core import CaptureCore
 from publisher.capture.postgres._crossing import SnapshotCrossing
 from publisher.capture.postgres._ddlwatch import PREFIX, DdlWatch
@@ -86,7 +87,7 @@ from publisher.capture.postgres._state import (
 )
 from publisher.capture.protowire import entry_of, framed
 from publisher.errors import RowTooLarge, SourceError, key_text
-from publisher.publication import Publication
+from publisher.publication import Encoded, Publication, append_in_order
 
 __all__ = ["Flusher", "Session", "last_before"]
 
@@ -97,22 +98,9 @@ _ROWS = (Insert, Update, Delete)
 _ROW_TAGS = frozenset(b"IUD")  # their pgoutput messages
 _U32 = struct.Struct(">I").unpack_from
 _BEGIN = struct.Struct(">QqI").unpack_from  # as _pgoutput.py reads it
-# Capture reads a backlog (Publication.catching_up, for the feeds: feed.py) from a
-# commit the server sent _BACKLOG_S or more after it was made (both times are the
-# server's clock: no skew) until one it sent within _LIVE_S, or _BACKLOG_S with nothing
-# to read (not 0.2 s: a walsender starved of a core on a loaded machine pauses that
-# long inside a backlog).  Checked at every commit while live, every _CHECK_EVERY-th in
-# a backlog (the send time is a datetime made on access, ~1 us).
-_BACKLOG_S = 1.0
-_LIVE_S = 0.25
-_CHECK_EVERY = 64
 # Entries of transactions read back to back are appended together, up to this many
 # (_drain): one lock, one framing call and one flusher kick per group.
 _QUEUE_MAX = 128
-
-# An entry waiting in Session.queued: its ops' bytes, position, commit time, origin and
-# sequence positions (Publication.append_encoded_many).
-Queued = tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]
 
 
 class Session(SnapshotCrossing):
@@ -138,10 +126,10 @@ class Session(SnapshotCrossing):
         self.touched: set[str] = set()
         self.hold: int | None = None  # confirm the slot no further (a publication refused)
         self.last_feedback = 0.0
-        self.backlog = False  # reading a backlog: see _BACKLOG_S
+        self.backlog = Backlog(pubs)  # reading a backlog (_backlog.py)
         self.commit_time_us = 0  # of the last commit read
         # Transactions read back to back, their entries not yet appended (_drain).
-        self.queued: list[tuple[Publication, Queued]] = []
+        self.queued: list[tuple[Publication, Encoded]] = []
         self.wal2json = (
             Wal2JsonDecoder(OriginNames(cap._admin, cap._lock))
             if cap.plugin == "wal2json"
@@ -151,23 +139,8 @@ class Session(SnapshotCrossing):
         self.watch: DdlWatch | None = DdlWatch(cap._admin, cap._lock)
         self.sequences = SequencePositions(cap._admin, cap._lock)
 
-    def _pace(self, msg: Any) -> None:
-        """After a commit: is capture reading a backlog (see _BACKLOG_S)?"""
-        late = msg.send_time.timestamp() - self.commit_time_us / 1e6
-        if late >= _BACKLOG_S and not self.backlog:
-            self._reading_backlog(True)
-        elif late < _LIVE_S and self.backlog:
-            self._reading_backlog(False)
-
-    def _reading_backlog(self, on: bool) -> None:
-        """Tell the feeds whether the head is live (``Publication.catching_up``)."""
-        self.backlog = on
-        for p in self.pubs:
-            p.catching_up = on
-
     def close(self) -> None:
-        if self.backlog:
-            self._reading_backlog(False)
+        self.backlog.clear()
         if self.txn is not None:
             for group in self.txn.groups.values():
                 group.abort()  # left inside a transaction: closed as abandoned (P3)
@@ -218,7 +191,7 @@ class Session(SnapshotCrossing):
         fd = self.conn.fileno()
         read, handle, halt = self.cur.read_message, self._handle, self.halt
         done = 0  # cap.transactions at the last commit paced
-        dry = 0.0  # since when reads have found nothing (0: the last one found a message)
+        backlog = self.backlog
         while not halt.is_set():
             if self.flusher.error is not None:
                 raise self.flusher.error
@@ -226,7 +199,7 @@ class Session(SnapshotCrossing):
                 self._reload()
             msg = read()
             if msg is not None:
-                dry = 0.0
+                backlog.dry = 0.0
                 handle(msg.payload)
                 while self.txn is not None and not halt.is_set():
                     msg = read()  # the rest of the transaction, back to back
@@ -239,18 +212,12 @@ class Session(SnapshotCrossing):
                     self._feedback()
                     if cap.transactions != done:  # msg was a commit
                         done = cap.transactions
-                        if not self.backlog or not done % _CHECK_EVERY:
-                            self._pace(msg)
+                        backlog.committed(done, msg, self.commit_time_us)
                 continue
             self._drain()  # nothing more to read now: what was read goes to the logs
             self._idle()
             select.select([fd], [], [], 0.2)
-            if self.backlog:
-                now = time.monotonic()
-                if not dry:
-                    dry = now
-                elif now - dry >= _BACKLOG_S:
-                    self._reading_backlog(False)  # that long with nothing to read: live
+            backlog.nothing_read()
         self._drain()
         if self.txn is None:
             self._feedback(force=True)
@@ -603,15 +570,7 @@ class Session(SnapshotCrossing):
         if not queued:
             return
         self.queued = []
-        pub = queued[0][0]
-        if all(p is pub for p, _ in queued):
-            pub.append_encoded_many([item for _, item in queued])
-        else:  # several publications: each its own, in commit order
-            by_pub: dict[str, tuple[Publication, list[Queued]]] = {}
-            for p, item in queued:
-                by_pub.setdefault(p.name, (p, []))[1].append(item)
-            for p, items in by_pub.values():
-                p.append_encoded_many(items)
+        append_in_order(queued)
         self.cap.entries += len(queued)
         self.flusher.kick()
 

@@ -53,8 +53,12 @@ from __future__ import annotations
 
 import collections
 import threading
+import time
+from typing import Any
 
-__all__ = ["LSN_SQL", "POLL_S", "Durable"]
+import psycopg
+
+__all__ = ["LSN_SQL", "POLL_S", "Durable", "DurableLevels"]
 
 # After COMMIT, outside the transaction: the insert position (>= the commit record's
 # end) and the flushed one, as integers.
@@ -115,3 +119,39 @@ class Durable:
         """A new connection: the LSNs of the levels waiting mean nothing on it."""
         with self._lock:
             self._waiting.clear()
+
+
+class DurableLevels:
+    """:meth:`durable_level` of :class:`~subscriber.targets.postgres.writer.PostgresWriter`."""
+
+    _durable: Durable
+    _lock: threading.Lock  # the writer's: held while a batch is written
+    _conn: psycopg.Connection[Any] | None
+    _held: Any  # the open held group, if any (subscriber/targets/held.py)
+
+    def durable_level(self, applied: int, *, poll: bool = False) -> tuple[int, bool]:
+        """(the highest level up to ``applied`` the target holds durably, whether
+        committed levels still wait for its WAL flush).  ``poll``: ask the server
+        for its flushed LSN first, unless a batch brought it within ``POLL_S`` or
+        the writer is busy (never waits for the apply: ``_durable.py``)."""
+        durable = self._durable
+        if poll and durable.waiting and self._lock.acquire(blocking=False):
+            try:
+                self._poll_flushed()
+            finally:
+                self._lock.release()
+        return min(applied, durable.level), durable.waiting
+
+    def _poll_flushed(self) -> None:
+        conn, durable = self._conn, self._durable
+        if conn is None or conn.closed or conn.broken or self._held.open:
+            return  # the next batch connects again (and resets the waiting levels)
+        now = time.monotonic()
+        if now - durable.flush_read_at < POLL_S:
+            return  # a batch just brought it
+        try:
+            row = conn.execute(FLUSH_SQL).fetchone()
+        except psycopg.Error:
+            return  # the next batch sees the connection's failure and says so
+        if row is not None:
+            durable.flushed(int(row[0]), now)

@@ -92,7 +92,7 @@ from subscriber.targets.postgres._alter import follow_schema
 from subscriber.targets.postgres._constraints import PostgresOrderedTables, refusal_text
 from subscriber.targets.postgres._copy import csv_bytes, merge_sql, pg_type, table_types
 from subscriber.targets.postgres._ddl import adopt_children, follow_constraints
-from subscriber.targets.postgres._durable import FLUSH_SQL, LSN_SQL, POLL_S, Durable
+from subscriber.targets.postgres._durable import LSN_SQL, Durable, DurableLevels
 from subscriber.targets.postgres._group import METADATA_SQL, GroupWrites
 from subscriber.targets.postgres._identity import column_defs
 from subscriber.targets.postgres._jdbc import JdbcStager
@@ -151,7 +151,7 @@ def _transient(exc: BaseException, conn: psycopg.Connection[Any] | None) -> bool
     return isinstance(exc, psycopg.OperationalError)
 
 
-class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
+class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables, DurableLevels):
     """Writes batches into one PostgreSQL database (thread-safe; one connection)."""
 
     dialect = "postgresql"
@@ -392,33 +392,6 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables):
             state: SubscriptionState = self._run(subscription, None, read, synchronous="local")
             self._durable.read_back(state.level)
             return state
-
-    def durable_level(self, applied: int, *, poll: bool = False) -> tuple[int, bool]:
-        """(the highest level up to ``applied`` the target holds durably, whether
-        committed levels still wait for its WAL flush).  ``poll``: ask the server
-        for its flushed LSN first, unless a batch brought it within ``POLL_S`` or
-        the writer is busy (never waits for the apply: ``_durable.py``)."""
-        durable = self._durable
-        if poll and durable.waiting and self._lock.acquire(blocking=False):
-            try:
-                self._poll_flushed()
-            finally:
-                self._lock.release()
-        return min(applied, durable.level), durable.waiting
-
-    def _poll_flushed(self) -> None:
-        conn, durable = self._conn, self._durable
-        if conn is None or conn.closed or conn.broken or self._held.open:
-            return  # the next batch connects again (and resets the waiting levels)
-        now = time.monotonic()
-        if now - durable.flush_read_at < POLL_S:
-            return  # a batch just brought it
-        try:
-            row = conn.execute(FLUSH_SQL).fetchone()
-        except psycopg.Error:
-            return  # the next batch sees the connection's failure and says so
-        if row is not None:
-            durable.flushed(int(row[0]), now)
 
     def _read(self, body: Any, subscription: str | None = None) -> Any:
         """``body(cursor)`` in a transaction of its own (the lock held)."""

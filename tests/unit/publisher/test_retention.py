@@ -63,13 +63,12 @@ def test_a_subscriber_admitted_during_a_pass_is_not_purged_past(tmp_path: Path) 
     import threading
 
     from common.rpc import txrepl_pb2 as pb
-    from publisher.feed import FeedManager
+    from publisher._admission import admit
 
     pub, reg = _setup(tmp_path)
-    feeds = FeedManager("pub1", {"p": pub}, reg)
     hello = pb.Hello(subscriber="new", publisher="pub1", publication="p", level=0)
     refusals: list[object] = []
-    admission = threading.Thread(target=lambda: refusals.append(feeds._admit(pub, hello)))
+    admission = threading.Thread(target=lambda: refusals.append(admit(reg, pub, hello)))
     read_levels = reg.min_valid_level
 
     def levels_then_a_hello(publication: str) -> int | None:
