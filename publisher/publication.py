@@ -186,9 +186,7 @@ class Publication:
             self._lock.wait_for(lambda: self._open is None)
             began = time.time()
             commit_time_us = self._stamp(commit_time_us, began)
-            head = pb.Entry(commit_time_us=commit_time_us, source_position=str(position))
-            tail = pb.Entry(origin=origin or self.node, sequences=sequences)
-            data = head.SerializeToString() + ops + tail.SerializeToString()
+            data = self._encoded(ops, position, commit_time_us, origin, sequences)
             seq = self.log.append([data], wait=wait)
             return self._booked(seq, began, position, commit_time_us, None)
 
@@ -210,22 +208,27 @@ class Publication:
         with self._lock:
             self._lock.wait_for(lambda: self._open is None)
             began = time.time()
-            stamp, node = self._stamp, self.node
+            stamp, encoded = self._stamp, self._encoded
             data = []
             for ops, position, t, origin, sq in items:
                 t = stamp(t, began)
-                head = pb.Entry(commit_time_us=t, source_position=str(position))
-                tail = pb.Entry(origin=origin or node, sequences=sq)
-                data.append(head.SerializeToString() + ops + tail.SerializeToString())
+                data.append(encoded(ops, position, t, origin, sq))
             seq = self.log.append(data, wait=False)
-            if self.stages is not None:
-                with self._stage_lock:
-                    self._appended_at.extend((seq + i, began) for i in range(len(data)))
-                    self._settle(self.log.head)
-            self.position = items[-1][1]
-            self.last_commit_time = t / 1_000_000
-            self._lock.notify_all()
-            return seq
+            return self._booked(seq, began, items[-1][1], t, None, count=len(data))
+
+    def _encoded(
+        self,
+        ops: bytes,
+        position: int,
+        commit_time_us: int,
+        origin: str,
+        sequences: Sequence[pb.SequencePosition],
+    ) -> bytes:
+        """The logged bytes of an Entry of these fields around ``ops``' bytes, in
+        field-number order (:meth:`append_encoded`)."""
+        head = pb.Entry(commit_time_us=commit_time_us, source_position=str(position))
+        tail = pb.Entry(origin=origin or self.node, sequences=sequences)
+        return head.SerializeToString() + ops + tail.SerializeToString()
 
     def _stamp(self, commit_time_us: int, began: float) -> int:
         """An entry's commit time (now if it has none); observes the ``capture`` stage."""
@@ -236,13 +239,20 @@ class Publication:
         return commit_time_us
 
     def _booked(
-        self, seq: int, began: float, position: int | None, commit_time_us: int, opened: int | None
+        self,
+        seq: int,
+        began: float,
+        position: int | None,
+        commit_time_us: int,
+        opened: int | None,
+        count: int = 1,
     ) -> int:
-        """Book an append of ``seq`` (``_lock`` held); ``opened``: the fragment index of
-        a group it leaves open."""
+        """Book an append of ``count`` entries from ``seq`` (``_lock`` held); ``opened``:
+        the fragment index of a group it leaves open; the last entry's position and
+        commit time."""
         if self.stages is not None:
             with self._stage_lock:
-                self._appended_at.append((seq, began))
+                self._appended_at.extend((seq + i, began) for i in range(count))
                 self._settle(self.log.head)  # an append that waited is durable already
         if position is not None:
             self.position = position

@@ -109,6 +109,16 @@ class Durable:
             level = self._waiting.popleft()[0]
             self._level = max(self._level, level)
 
+    def read_after_commit(self, conn: psycopg.Connection[Any], level: int) -> None:
+        """``level`` just committed on ``conn`` (not pipelined): read its LSN and the
+        flushed one now, one more round trip (module docstring)."""
+        self.committed_row(level, conn.execute(LSN_SQL).fetchone())
+
+    def committed_row(self, level: int, lsns: tuple[Any, ...] | None) -> None:
+        """``level`` committed; ``lsns``: the row :data:`LSN_SQL` read after its COMMIT."""
+        assert lsns is not None
+        self.committed(level, lsns[0], lsns[1], time.monotonic())
+
     def read_back(self, level: int) -> None:
         """``level`` was read from the target and made durable (module docstring)."""
         with self._lock:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,7 +26,7 @@ from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.nodewatch import NodeWatch
-from subscriber.targets.postgres._durable import LSN_SQL, Durable
+from subscriber.targets.postgres._durable import Durable
 from subscriber.targets.postgres._pipeline import level_guarded, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
@@ -108,12 +107,11 @@ class GroupWrites(HeldWrites):
                 self._republish(subscription, first_seq, before=True)
             grouped = held.open or not commit  # no JDBC stages: emptied by a rollback too
             staged = {} if grouped else self._jdbc_stages(subscription, first_seq, steps)
-            piped = not (grouped or reexecute or staged) and pipelined(
-                steps, subscription, self.conflicts, self.small_values
-            )
+            direct = not (grouped or reexecute or staged)
+            piped = direct and pipelined(steps, subscription, self.conflicts, self.small_values)
             # Rows only commit asynchronously; the rest keeps the server's setting.
             rows_only = all(isinstance(step, RowsStep) for step in steps)
-            plain = not (grouped or reexecute or staged) and self.conflicts is None
+            plain = direct and self.conflicts is None
             synchronous = "off" if plain and rows_only and self.synchronous_commit == "off" else ""
             try:
                 if grouped and not held.open:
@@ -126,9 +124,7 @@ class GroupWrites(HeldWrites):
                 if commit and grouped:
                     conn = self._connection()
                     conn.execute("COMMIT")
-                    lsns = conn.execute(LSN_SQL).fetchone()
-                    assert lsns is not None
-                    self._durable.committed(last_seq, lsns[0], lsns[1], time.monotonic())
+                    self._durable.read_after_commit(conn, last_seq)
             except psycopg.Error as exc:
                 self._rolled_back()
                 self._abandon()

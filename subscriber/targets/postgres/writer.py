@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -257,17 +256,17 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables, DurableLeve
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 return body(cur)
 
-            after = LSN_SQL if level is not None else None
-            if pipelined:
+            if pipelined:  # the LSNs read in the same round trip
+                after = LSN_SQL if level is not None else None
                 result, lsns = run_pipelined(conn, settings_then_body, after)
-            else:
-                with conn.transaction(), conn.cursor() as cur:
-                    result = settings_then_body(cur)
-                self._stages.update(self._new_stages)  # committed: they exist from now on
-                lsns = conn.execute(after).fetchone() if after is not None else None
+                if level is not None:
+                    self._durable.committed_row(level, lsns)
+                return result
+            with conn.transaction(), conn.cursor() as cur:
+                result = settings_then_body(cur)
+            self._stages.update(self._new_stages)  # committed: they exist from now on
             if level is not None:
-                assert lsns is not None
-                self._durable.committed(level, lsns[0], lsns[1], time.monotonic())
+                self._durable.read_after_commit(conn, level)
             return result
         except psycopg.Error as exc:
             self._types.clear()  # what the rolled-back transaction saw may be gone
