@@ -43,7 +43,7 @@ from common.names import format_table, parse_table, unqualified
 from common.rpc import txrepl_pb2 as pb
 from common.values import sqlite_text_factory
 from publisher.capture.calls import CallScope, read_call
-from publisher.capture.groups import GroupWriter
+from publisher.capture.groups import EncodedEntry, GroupWriter
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
@@ -274,7 +274,7 @@ class SqliteSource:
         """Add ``pub``'s entries of one chunk to its group; refuse it on a row too large."""
         tables = installed.get(pub.name, {})
         try:
-            entries, last = self.capture.build_entries(
+            entries, last = self.capture.build_framed(
                 pub.name, _calls(scope, rows, ends[pub.name], tables), ends[pub.name], tables,
                 self.max_entry_bytes,
             )  # fmt: skip
@@ -285,9 +285,9 @@ class SqliteSource:
             log.error("capture refused", publication=pub.name, table=exc.table, error=str(exc))
             return
         last = max(last, rows[-1].id)  # past the hidden rows and marks too
-        for entry in entries:
-            entry.origin = origin or ""  # "": the source's own node (Publication.append)
-            group.add(entry, last)
+        now = int(time.time() * 1_000_000)
+        for ops in entries:  # origin "": the source's own node (Publication.append)
+            group.add(EncodedEntry(ops, now, origin or ""), last)
         ends[pub.name] = last
 
     def _release(self) -> None:
