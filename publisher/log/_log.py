@@ -278,14 +278,18 @@ class Log:
         pwrite_all(fd, data, offset)
         end = offset + len(data)
         if end > self._file_end:
-            if len(data) < PREALLOC_ROUND:
-                pwrite_all(fd, bytes(PREALLOC_BYTES), end)
-                end += PREALLOC_BYTES
             self._file_end = end
+            if len(data) < PREALLOC_ROUND:
+                try:
+                    pwrite_all(fd, bytes(PREALLOC_BYTES), end)
+                except OSError:  # a full disk: the records are written, the zeros optional
+                    return
+                self._file_end = end + PREALLOC_BYTES
 
     def _trim_locked(self, fd: int, seg: Segment) -> None:
-        """Cut the zeros after ``seg``'s last record (all durable), durably."""
-        if self._file_end > seg.size:
+        """Cut the zeros after ``seg``'s last record (all durable), durably.  The file's
+        own size decides (a zero-fill a full disk cut short is not in ``_file_end``)."""
+        if os.fstat(fd).st_size > seg.size:
             os.ftruncate(fd, seg.size)
             os.fdatasync(fd)
             self._file_end = seg.size

@@ -143,3 +143,33 @@ def test_damage_without_a_zero_block_before_a_valid_record_still_refuses(
         open_log(d)
     assert info.value.path == seg
     assert info.value.offset == end
+
+
+def test_no_room_for_the_zeros_still_appends(tmp_path: Path):
+    """A file-size limit (as a full disk) that leaves no room for the zeros written
+    ahead fails no append: the records go in, segments roll, and the log reopens with
+    every entry and no zeros in its sealed segments."""
+    d = tmp_path / "pub"
+    child = (
+        "import resource, signal, sys\n"
+        "from pathlib import Path\n"
+        "from publisher.log import open_log\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (300_000, 300_000))\n"
+        "with open_log(Path(sys.argv[1]), segment_bytes=64 * 1024) as lg:\n"
+        "    for s in range(1, 1501):\n"
+        "        lg.append([(f'{s}:'.encode() * 100)[:100]])\n"
+    )
+    subprocess.run(
+        [sys.executable, "-c", child, str(d)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        check=True,
+        capture_output=True,
+    )
+    segs = sorted(d.glob("*.seg"))
+    assert len(segs) > 1
+    with open_log(d) as lg:
+        assert lg.read(1, max_entries=2000) == [payload(s) for s in range(1, 1501)]
+        for seg in lg._segments[:-1]:
+            assert seg.path.stat().st_size == seg.size
