@@ -94,8 +94,10 @@ end also writes ``PREALLOC_BYTES`` of zeros after its records, in the same round
 before its fdatasync.  The rounds after it overwrite those zeros in place, so the
 file's size does not change and their fdatasync has no size to journal (ext4: no
 journal commit per round; measured in docs/performance.md).  Larger rounds (a
-backlog) only append, as before.  So a segment's end is the end of its last valid
-record, not the file's end; what follows is zeros or a torn round.
+backlog) only append, as before, and so does a round that finds no room for the
+zeros (a full disk: the zeros are optional, the records are not).  So a segment's end
+is the end of its last valid record, not the file's end; what follows is zeros or a
+torn round.
 
 * Reading: unchanged.  Records are found by walking from the header or an index
   offset, never from the file's size; readers see only durable records (the head).
