@@ -68,6 +68,12 @@ class Prepared:
     def __init__(self) -> None:
         self.names: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self._seen: dict[tuple[bytes, tuple[int, ...]], int] = {}
+        self._made = 0
+
+    def new_name(self) -> bytes:
+        """A name never used on this connection (a refused one may exist server-side)."""
+        self._made += 1
+        return b"_txrepl_%d" % self._made
 
     def wanted(self, key: tuple[bytes, tuple[int, ...]]) -> bool:
         """Whether ``key`` should be prepared now (seen often enough, room left)."""
@@ -174,7 +180,7 @@ class Queued:
         key = (text, types)
         name = self._prepared.names.get(key)
         if name is None and self._prepared.wanted(key):
-            name = b"_txrepl_%d" % len(self._prepared.names)
+            name = self._prepared.new_name()
             self._sends.append(lambda: pg.send_prepare(name, text, param_types=types))
             self._expect.append((None, key))
             self._prepared.names[key] = name  # provisional: run() drops it if refused
