@@ -27,7 +27,9 @@ the level row's update and COMMIT are sent without waiting, and the results are
 read once, when the pipeline ends: one round trip (the first time a table is
 written, reading its owned sequences adds one).  BEGIN and COMMIT are sent as
 statements (:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the
-pipeline four times more.
+pipeline four times more.  Once nothing in the batch reads a result first (every
+table's owned sequences known), the statements are queued and handed to libpq at
+once instead of through psycopg's cursor, one statement at a time (``_queued.py``).
 
 **The level checked by the server** (:func:`level_guarded`).  Right after the
 level row's lock, one statement divides by zero unless the locked row holds
