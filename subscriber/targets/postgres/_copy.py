@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import io
+from collections.abc import Collection
 from typing import Any
 
 import pyarrow as pa
@@ -106,8 +107,10 @@ def _text_form(v: object) -> str:
     raise TypeError(f"no PostgreSQL text form for {type(v).__name__}")
 
 
-def pg_column(table: pa.Table, index: int, column: pb.Column) -> pa.Array | pa.ChunkedArray:
-    col, variant = column_of(table, index)
+def pg_column(
+    table: pa.Table, index: int, column: pb.Column, names: Collection[str] | None = None
+) -> pa.Array | pa.ChunkedArray:
+    col, variant = column_of(table, index, names)
     if variant:
         cells = [
             None if b is None else values.decode(pb.Value.FromString(b)) for b in col.to_pylist()

@@ -108,7 +108,14 @@ class GroupWrites(HeldWrites):
             grouped = held.open or not commit  # no JDBC stages: emptied by a rollback too
             staged = {} if grouped else self._jdbc_stages(subscription, first_seq, steps)
             direct = not (grouped or reexecute or staged)
-            piped = direct and pipelined(steps, subscription, self.conflicts, self.small_values)
+            piped: bool | str = direct and pipelined(
+                steps, subscription, self.conflicts, self.small_values
+            )
+            # Queued when nothing in it reads a result first: the owned sequences of
+            # every table it writes are known (_queued.py, _sequences.py).
+            tables = [s.schema.table for s in steps if isinstance(s, RowsStep)]
+            if piped and all(t in self._seqs for t in [*tables, *self._carried()]):
+                piped = "queued"
             # Rows only commit asynchronously; the rest keeps the server's setting.
             rows_only = all(isinstance(step, RowsStep) for step in steps)
             plain = direct and self.conflicts is None
@@ -144,6 +151,10 @@ class GroupWrites(HeldWrites):
             else:
                 held.hold(subscription, last_seq)
             return written
+
+    def _carried(self) -> list[str]:
+        """The tables whose sequences the next write moves to carried positions."""
+        return [table for table, _ in self.sequence_positions]
 
     def _failed_pipeline(
         self, exc: BaseException, explain: Callable[[], None], subscription: str, seq: int
@@ -212,7 +223,7 @@ class GroupWrites(HeldWrites):
         seq: int | None,
         body: Any,
         *,
-        pipelined: bool = False,
+        pipelined: bool | str = False,
         synchronous: str = "",
         level: int | None = None,
     ) -> Any:

@@ -27,7 +27,9 @@ the level row's update and COMMIT are sent without waiting, and the results are
 read once, when the pipeline ends: one round trip (the first time a table is
 written, reading its owned sequences adds one).  BEGIN and COMMIT are sent as
 statements (:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the
-pipeline four times more.
+pipeline four times more.  Once nothing in the batch reads a result first (every
+table's owned sequences known), the statements are queued and handed to libpq at
+once instead of through psycopg's cursor, one statement at a time (``_queued.py``).
 
 **The level checked by the server** (:func:`level_guarded`).  Right after the
 level row's lock, one statement divides by zero unless the locked row holds
@@ -70,6 +72,7 @@ from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._copy import pg_column, upsert_sql
 from subscriber.targets.postgres._names import table_sql
+from subscriber.targets.postgres._queued import Queued
 
 __all__ = [
     "SMALL_PARAMS",
@@ -109,11 +112,18 @@ def pipelined(
     return True
 
 
+_STRING = pa.string()
+
+
 def _texts(rows: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> list[Any]:
-    """The cells of columns ``indexes`` as COPY's text (None for NULL), row by row."""
-    columns = [
-        pc.cast(pg_column(rows, i, schema.columns[i]), pa.string()).to_pylist() for i in indexes
-    ]
+    """The cells of columns ``indexes`` as COPY's text (None for NULL), row by row.
+    (The table's names read once, and no cast of a column that is text already: for
+    the few rows of an in-sync step their per-call costs were most of this.)"""
+    names = rows.column_names
+    columns = []
+    for i in indexes:
+        col = pg_column(rows, i, schema.columns[i], names)
+        columns.append((col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist())
     return [cell for row in zip(*columns, strict=True) for cell in row]
 
 
@@ -130,7 +140,7 @@ _RENDERED_MAX = 1024
 
 
 def _statements(
-    cur: psycopg.Cursor[Any], schema: pb.TableSchema, deletes: int, upserts: int
+    cur: psycopg.Cursor[Any] | Queued, schema: pb.TableSchema, deletes: int, upserts: int
 ) -> tuple[bytes | None, bytes | None]:
     """(DELETE, INSERT ... ON CONFLICT) of a rows step of this shape, as sent."""
     key = (schema.SerializeToString(), deletes, upserts)
@@ -145,18 +155,18 @@ def _statements(
         delete = (
             sql.SQL("DELETE FROM {} WHERE ({}) IN ({})")
             .format(table_sql(schema.table), cols, _tuples(deletes, len(keys)))
-            .as_bytes(cur)
+            .as_bytes(cur.connection)
         )
     if upserts:
         source = sql.SQL("VALUES {}").format(_tuples(upserts, len(names)))
-        upsert = upsert_sql(schema, source).as_bytes(cur)
+        upsert = upsert_sql(schema, source).as_bytes(cur.connection)
     if len(_RENDERED) >= _RENDERED_MAX:
         _RENDERED.clear()
     _RENDERED[key] = (delete, upsert)
     return delete, upsert
 
 
-def rows_by_statements(cur: psycopg.Cursor[Any], step: RowsStep) -> int:
+def rows_by_statements(cur: psycopg.Cursor[Any] | Queued, step: RowsStep) -> int:
     """Write a small rows step: one DELETE, one INSERT ... ON CONFLICT (no fetch)."""
     schema = step.schema
     delete, upsert = _statements(cur, schema, step.deletes.num_rows, step.upserts.num_rows)
@@ -179,7 +189,7 @@ _GUARD = (
 
 
 def level_guarded(
-    cur: psycopg.Cursor[Any],
+    cur: psycopg.Cursor[Any] | Queued,
     metadata: MetadataSql,
     batch: tuple[str, str, int],
     *,
@@ -191,8 +201,12 @@ def level_guarded(
     failed: it raises :class:`GapError` when the level read back is not the one the
     batch follows (else returns, and the caller raises its error)."""
     subscription, incarnation, first_seq = batch
-    level_cur = cur.connection.cursor()  # its result must outlive the later statements
-    check = metadata.check_later(level_cur, subscription, incarnation, first_seq)
+    if isinstance(cur, Queued):  # each statement has its own result (_queued.py)
+        check = metadata.check_later(cur, subscription, incarnation, first_seq)
+        level_cur: Any = cur.last  # the lock's SELECT, the last statement it queued
+    else:
+        level_cur = cur.connection.cursor()  # its result must outlive the later statements
+        check = metadata.check_later(level_cur, subscription, incarnation, first_seq)
     params = {
         "level": first_seq - 1,
         "incarnation": incarnation,
@@ -211,8 +225,10 @@ def level_guarded(
 
 def run_pipelined(
     conn: psycopg.Connection[Any],
-    body: Callable[[psycopg.Cursor[Any]], R],
+    body: Callable[[Any], R],
     after: str | None = None,
+    *,
+    queued: bool = False,
 ) -> tuple[R, tuple[Any, ...] | None]:
     """``body(cursor)`` between BEGIN and COMMIT, in pipeline mode; ROLLBACK on any error.
 
@@ -220,8 +236,18 @@ def run_pipelined(
     commit's LSN, ``_durable.py``); returns (``body``'s result, its row or None).
     Not psycopg's ``conn.transaction()``: in pipeline mode its block syncs the
     pipeline on entering and on leaving, twice each (four more round trips).
-    ``conn`` is in autocommit mode, so the transaction is the BEGIN sent here."""
+    ``conn`` is in autocommit mode, so the transaction is the BEGIN sent here.
+    ``queued``: the statements are queued and sent at once (``_queued.py``; ``body``
+    then gets a :class:`Queued`, which reads no result before the end)."""
     try:
+        if queued:
+            q = Queued(conn)
+            q.execute("BEGIN")
+            result = body(q)
+            q.execute("COMMIT")
+            lsns = q.execute(after) if after is not None else None
+            q.run()
+            return result, (lsns.fetchone() if lsns is not None else None)
         after_cur = conn.cursor()  # read once the pipeline ended (fetching syncs it)
         with conn.pipeline(), conn.cursor() as cur:
             cur.execute("BEGIN")

@@ -224,12 +224,12 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables, DurableLeve
         seq: int | None,
         body: Any,
         *,
-        pipelined: bool = False,
+        pipelined: bool | str = False,
         synchronous: str = "",
         level: int | None = None,
     ) -> Any:
         """Run ``body(cursor)`` in one transaction with the session settings; translate.
-        ``pipelined``: in psycopg's pipeline mode (no COPY then: ``_pipeline.py``).
+        ``pipelined``: in pipeline mode (no COPY: ``_pipeline.py``), "queued": all sent at once.
         ``synchronous``: ``synchronous_commit`` for this transaction ("": the
         server's).  ``level``: the transaction commits this level; its commit LSN is
         read after COMMIT (``_durable.py``)."""
@@ -258,7 +258,8 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables, DurableLeve
 
             if pipelined:  # the LSNs read in the same round trip
                 after = LSN_SQL if level is not None else None
-                result, lsns = run_pipelined(conn, settings_then_body, after)
+                queued = pipelined == "queued"
+                result, lsns = run_pipelined(conn, settings_then_body, after, queued=queued)
                 if level is not None:
                     self._durable.committed_row(level, lsns)
                 return result
