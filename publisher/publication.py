@@ -143,12 +143,7 @@ class Publication:
         open, so a group's fragments are consecutive seqs.
         """
         with self._lock:
-            if not grouped:
-                self._lock.wait_for(lambda: self._open is None)
-            elif self._open is not None and entry.fragment != self._open + 1:
-                raise ValueError(
-                    f"fragment {entry.fragment} does not follow the open group's {self._open}"
-                )
+            self._admit(grouped, entry.fragment)
             entry.source_position = str(position if position is not None else self.position)
             began = time.time()
             entry.commit_time_us = self._stamp(entry.commit_time_us, began)
@@ -168,27 +163,35 @@ class Publication:
         origin: str = "",
         sequences: Sequence[pb.SequencePosition] = (),
         wait: bool = True,
+        grouped: bool = False,
+        continued: bool = False,
+        fragment: int = 0,
     ) -> int:
-        """``append(entry, position, wait=wait)`` of the Entry of these fields, its ops
-        given as their bytes within it (``1a len Op`` each, as a capture writes them:
-        capture/postgres/_pgwire.py).  The bytes logged are the same; the Entry is only
-        built (parsed) when a shaping of this publication must see it.  The fields are
-        written in field-number order (commit_time_us 1, source_position 2, ops 3, origin
-        7, sequences 8), the order upb serializes an Entry in.
+        """``append(entry, position, wait=wait, grouped=grouped)`` of the Entry of these
+        fields, its ops given as their bytes within it (``1a len Op`` each, as a capture
+        writes them: capture/postgres/_pgwire.py, capture/sqlite/entries.py).  The bytes
+        logged are the same; the Entry is only built (parsed) when a shaping of this
+        publication must see it.  The fields are written in field-number order
+        (commit_time_us 1, source_position 2, ops 3, continued 4, fragment 5, origin 7,
+        sequences 8), the order upb serializes an Entry in.
         """
         if self.shaper:
             entry = pb.Entry.FromString(ops)
             entry.commit_time_us = commit_time_us
             entry.origin = origin
             entry.sequences.extend(sequences)
-            return self.append(entry, position, wait=wait)
+            entry.continued, entry.fragment = continued, fragment
+            return self.append(entry, position, wait=wait, grouped=grouped)
         with self._lock:
-            self._lock.wait_for(lambda: self._open is None)
+            self._admit(grouped, fragment)
             began = time.time()
             commit_time_us = self._stamp(commit_time_us, began)
-            data = self._encoded(ops, position, commit_time_us, origin, sequences)
+            data = self._encoded(
+                ops, position, commit_time_us, origin, sequences, continued, fragment
+            )
             seq = self.log.append([data], wait=wait)
-            return self._booked(seq, began, position, commit_time_us, None)
+            opened = fragment if continued else None
+            return self._booked(seq, began, position, commit_time_us, opened)
 
     def append_encoded_many(self, items: Sequence[Encoded]) -> int:
         """``append_encoded(ops, position, commit_time_us=, origin=, sequences=,
@@ -223,12 +226,24 @@ class Publication:
         commit_time_us: int,
         origin: str,
         sequences: Sequence[pb.SequencePosition],
+        continued: bool = False,
+        fragment: int = 0,
     ) -> bytes:
         """The logged bytes of an Entry of these fields around ``ops``' bytes, in
         field-number order (:meth:`append_encoded`)."""
         head = pb.Entry(commit_time_us=commit_time_us, source_position=str(position))
-        tail = pb.Entry(origin=origin or self.node, sequences=sequences)
+        tail = pb.Entry(
+            continued=continued, fragment=fragment, origin=origin or self.node, sequences=sequences
+        )
         return head.SerializeToString() + ops + tail.SerializeToString()
+
+    def _admit(self, grouped: bool, fragment: int) -> None:
+        """Wait (``_lock`` held) until this append may enter the log: any append but a
+        group's next fragment waits while a group is open (common/fragments.py, P1)."""
+        if not grouped:
+            self._lock.wait_for(lambda: self._open is None)
+        elif self._open is not None and fragment != self._open + 1:
+            raise ValueError(f"fragment {fragment} does not follow the open group's {self._open}")
 
     def _stamp(self, commit_time_us: int, began: float) -> int:
         """An entry's commit time (now if it has none); observes the ``capture`` stage."""

@@ -7,15 +7,27 @@ the end) comes, so it knows whether ``continued`` must be set: memory holds one
 entry per publication, whatever the group's size.  Rules P1-P2: fragments are
 appended with ``grouped=True`` (other appends wait), every one but the last
 carries the group's resume point as its position.  :meth:`abort` is rule P3 on
-the capture's error path.
+the capture's error path.  An entry comes as a ``pb.Entry`` (:meth:`GroupWriter.add`)
+or as the bytes of its ops (:meth:`GroupWriter.add_encoded`: logged around them by
+``Publication.append_encoded``, never parsed; the SQLite capture's backlog).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from common.rpc import txrepl_pb2 as pb
 from publisher.publication import Publication
 
-__all__ = ["GroupWriter"]
+__all__ = ["EncodedEntry", "GroupWriter"]
+
+
+class EncodedEntry(NamedTuple):
+    """An entry as the bytes of its ``ops`` field (``1a len Op`` each) and its fields."""
+
+    ops: bytes
+    commit_time_us: int
+    origin: str = ""
 
 
 class GroupWriter:
@@ -24,10 +36,10 @@ class GroupWriter:
     def __init__(self, pub: Publication) -> None:
         self.pub = pub
         self.start = pub.position  # the resume point: where capture restarts the group
-        self._pending: tuple[pb.Entry, int] | None = None
+        self._pending: tuple[pb.Entry | EncodedEntry, int] | None = None
         self.fragments = 0  # appended so far
 
-    def add(self, entry: pb.Entry, position: int) -> None:
+    def add(self, entry: pb.Entry | EncodedEntry, position: int) -> None:
         """The group's next entry, reaching capture ``position``."""
         if self._pending is not None:
             self._append(*self._pending, continued=True)
@@ -48,9 +60,21 @@ class GroupWriter:
         self._pending = None
         self.pub.abort_group()
 
-    def _append(self, entry: pb.Entry, position: int, *, continued: bool) -> None:
-        if continued or self.fragments:
-            entry.continued = continued
-            entry.fragment = self.fragments
-        self.pub.append(entry, position=position if not continued else self.start, grouped=True)
+    def _append(self, entry: pb.Entry | EncodedEntry, position: int, *, continued: bool) -> None:
+        at = position if not continued else self.start
+        if isinstance(entry, EncodedEntry):
+            self.pub.append_encoded(
+                entry.ops,
+                at,
+                commit_time_us=entry.commit_time_us,
+                origin=entry.origin,
+                grouped=True,
+                continued=continued,
+                fragment=self.fragments,
+            )
+        else:
+            if continued or self.fragments:
+                entry.continued = continued
+                entry.fragment = self.fragments
+            self.pub.append(entry, position=at, grouped=True)
         self.fragments += 1

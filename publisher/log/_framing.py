@@ -85,6 +85,46 @@ header, bad magic, length past the end of the file, wrong seq, CRC mismatch).
 A single flipped bit inside the very last record is indistinguishable from a torn
 append and is therefore treated as one (and kept aside in the ``.torn-`` file).
 
+Preallocated space (the active segment)
+=======================================
+
+The writer keeps zeroed space after the last record of the active segment: a small
+group-commit round (under ``PREALLOC_ROUND`` bytes) that would write past the file's
+end also writes ``PREALLOC_BYTES`` of zeros after its records, in the same round,
+before its fdatasync.  The rounds after it overwrite those zeros in place, so the
+file's size does not change and their fdatasync has no size to journal (ext4: no
+journal commit per round; measured in docs/performance.md).  Larger rounds (a
+backlog) only append, as before, and so does a round that finds no room for the
+zeros (a full disk: the zeros are optional, the records are not).  So a segment's end
+is the end of its last valid record, not the file's end; what follows is zeros or a
+torn round.
+
+* Reading: unchanged.  Records are found by walking from the header or an index
+  offset, never from the file's size; readers see only durable records (the head).
+* Open, the last segment: the scan stops at the first invalid record, X.  A zero
+  magic is never valid, so the scan stops at the zeros.  Z is where the file's
+  trailing run of zeros begins (Z >= X).
+  - Z == X: nothing but preallocated space follows: the file is truncated to X
+    (fsynced), no ``.torn-`` file, an info line.  This is the state after any kill -9.
+  - Z > X and no valid record after X: a torn round, as above (X..Z kept aside).
+  - Z > X and a valid record R after X: corruption as above, unless some
+    4096-byte-aligned block between X and R is all zeros.  The pages of one round's
+    write reach the disk in any order before its fdatasync returns, and preallocated
+    space reads as zeros where a page never reached it: after an OS crash the records
+    of an unfinished round may lie beyond such a hole.  Nothing after X was durable
+    (X's round never completed its fdatasync, and every later record is in that round
+    or a later one), so X..Z is a torn round: kept aside, truncated, warned about.
+    Traded: a lost write that zeroes a whole block of durable records in the last
+    segment is now cut (loudly, the bytes kept aside) rather than refused; a
+    subscriber that applied them is then refused as ahead of the head.
+  Then the writer preallocates again at its next small round.
+* Sealing (roll) and close truncate the segment to its last record, fsynced, so
+  sealed segments, their index (whose size field is the file's size) and a log
+  closed cleanly hold no zeros: code before this layout opens them unchanged, and
+  after a kill -9 it sees the zeros as a torn tail (kept aside, then cut).
+* Old logs (no zeros) open as before; the writer starts preallocating at its first
+  small round.
+
 Index file (a cache)
 ====================
 
@@ -142,6 +182,9 @@ INDEX_HEADER_SIZE: Final = INDEX_HEADER.size  # 40
 
 MAX_PAYLOAD: Final = 1 << 30
 INDEX_INTERVAL: Final = 32
+PREALLOC_BYTES: Final = 1 << 20  # zeros written ahead of the active segment's end
+PREALLOC_ROUND: Final = 64 << 10  # rounds at least this large only append
+ZERO_BLOCK: Final = 4096  # the unit in which a crashed round's pages may go missing
 
 assert SEGMENT_HEADER_SIZE == 16
 assert RECORD_HEADER_SIZE == 20

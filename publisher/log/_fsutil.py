@@ -25,6 +25,15 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[n:]
 
 
+def pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    """Write every byte of ``data`` to ``fd`` at ``offset``."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
 def atomic_write(path: Path, data: bytes, *, sync_dir: bool = True) -> None:
     """Write ``path`` as tmp → fsync → rename → fsync dir, so it is whole or absent."""
     tmp = path.with_name(path.name + TMP_SUFFIX)

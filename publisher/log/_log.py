@@ -18,9 +18,11 @@ from typing import Literal
 import structlog
 
 from ._framing import (
+    PREALLOC_BYTES,
+    PREALLOC_ROUND,
     encode_records,
 )
-from ._fsutil import fsync_dir, write_all
+from ._fsutil import fsync_dir, pwrite_all
 from ._recent import Recent
 from ._segment import Segment, create_segment
 from ._watch import HeadWatch
@@ -74,7 +76,10 @@ class Log:
         self._firsts: tuple[int, ...] = tuple(s.first_seq for s in segments)
         active = segments[-1]
         self._active = active
-        self._fd = os.open(active.path, os.O_WRONLY | os.O_APPEND)
+        # Written at offsets (pwrite), not O_APPEND: zeros may follow the last record
+        # (_framing, "Preallocated space"); _file_end is the file's size.
+        self._fd = os.open(active.path, os.O_WRONLY)
+        self._file_end = os.fstat(self._fd).st_size
         self._written = active.last_seq
         self._head = active.last_seq
         self._recent = Recent(active.last_seq + 1)  # the last payloads appended
@@ -170,7 +175,7 @@ class Log:
                 self._pending.append(data)
             else:
                 try:
-                    write_all(self._fd, data)
+                    self._write_at(self._fd, base, data)
                 except OSError as exc:
                     self._fail_locked(exc)
                     raise LogFailedError(f"write failed: {exc}", seg.path, base) from exc
@@ -234,7 +239,8 @@ class Log:
             self._lock.release()
             try:
                 if pending:
-                    write_all(fd, pending[0] if len(pending) == 1 else b"".join(pending))
+                    data = pending[0] if len(pending) == 1 else b"".join(pending)
+                    self._write_at(fd, target_size - len(data), data)
                 hook = self.fsync_hook
                 if hook is not None:
                     hook(fd)
@@ -265,6 +271,29 @@ class Log:
             self._next_round.notify(1)  # one of the next round's waiters leads it
             self._cond.notify_all()
 
+    def _write_at(self, fd: int, offset: int, data: bytes) -> None:
+        """Write records at ``offset``; a small write past the file's end also writes
+        zeros ahead (_framing, "Preallocated space").  Only the round's leader (or,
+        under "interval", the appender holding the lock) calls it."""
+        pwrite_all(fd, data, offset)
+        end = offset + len(data)
+        if end > self._file_end:
+            self._file_end = end
+            if len(data) < PREALLOC_ROUND:
+                try:
+                    pwrite_all(fd, bytes(PREALLOC_BYTES), end)
+                except OSError:  # a full disk: the records are written, the zeros optional
+                    return
+                self._file_end = end + PREALLOC_BYTES
+
+    def _trim_locked(self, fd: int, seg: Segment) -> None:
+        """Cut the zeros after ``seg``'s last record (all durable), durably.  The file's
+        own size decides (a zero-fill a full disk cut short is not in ``_file_end``)."""
+        if os.fstat(fd).st_size > seg.size:
+            os.ftruncate(fd, seg.size)
+            os.fdatasync(fd)
+            self._file_end = seg.size
+
     @staticmethod
     def _notify(listeners: tuple[Listener, ...], head: int) -> None:
         for cb in listeners:
@@ -292,6 +321,7 @@ class Log:
                 break
         old = self._active
         try:
+            self._trim_locked(self._fd, old)  # a sealed segment holds no zeros
             os.close(self._fd)
             self._fd = -1
             try:
@@ -299,7 +329,8 @@ class Log:
             except OSError as exc:  # the index is a cache: losing it costs a scan
                 logger.warning("log index not written", path=str(old.index_path), error=str(exc))
             new = create_segment(self.directory, old.last_seq + 1)
-            self._fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+            self._fd = os.open(new.path, os.O_WRONLY)
+            self._file_end = new.size
         except OSError as exc:
             self._fail_locked(exc)
             raise LogFailedError(f"cannot start a new segment: {exc}", self.directory) from exc
@@ -540,6 +571,11 @@ class Log:
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join()
         if fd >= 0:
+            if self._failed is None:
+                try:  # a log closed cleanly holds no zeros (older code reads it as is)
+                    self._trim_locked(fd, segments[-1])
+                except OSError as exc:  # the zeros are trimmed at the next open instead
+                    logger.warning("log preallocated space not trimmed", error=str(exc))
             os.close(fd)
         if self._failed is None:
             active = segments[-1]

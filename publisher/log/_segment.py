@@ -24,6 +24,7 @@ from ._framing import (
     RECORD_MAGIC,
     SEGMENT_HEADER_SIZE,
     TORN_INFIX,
+    ZERO_BLOCK,
     decode_record_header,
     decode_segment_header,
     encode_segment_header,
@@ -246,6 +247,18 @@ def _valid_record_after(buf: mmap.mmap | bytes, start: int, size: int) -> int | 
     return None
 
 
+def _zero_block(buf: mmap.mmap | bytes, start: int, end: int) -> bool:
+    """Whether a ZERO_BLOCK-aligned block between ``start`` and ``end`` is all zeros: a
+    page of a crashed round that never reached the preallocated space (_framing)."""
+    off = -(-start // ZERO_BLOCK) * ZERO_BLOCK
+    zero = bytes(ZERO_BLOCK)
+    while off + ZERO_BLOCK <= end:
+        if buf[off : off + ZERO_BLOCK] == zero:
+            return True
+        off += ZERO_BLOCK
+    return False
+
+
 def _save_torn_tail(path: Path, data: bytes, start: int) -> Path:
     """Copy the torn bytes aside as ``<segment>.torn-<start>`` (never overwriting one)."""
     aside = path.with_name(f"{path.name}{TORN_INFIX}{start}")
@@ -291,21 +304,28 @@ def recover_segment(directory: Path, first_seq: int, *, last: bool, trust_index:
             return Segment(directory, first_seq, scan.count, size, scan.offsets)
         if not last:
             raise CorruptLogError(scan.reason + " in a sealed segment", path, scan.end)
-        later = _valid_record_after(mm, scan.end, size)
-        if later is not None:
-            raise CorruptLogError(
-                f"{scan.reason}, followed by a valid record at offset {later}", path, scan.end
-            )
-        torn = bytes(mm[scan.end : size])
+        # Where the trailing zeros begin: preallocated space (_framing) ends the file.
+        zeros_from = scan.end + len(mm[scan.end : size].rstrip(b"\0"))
+        torn = b""
+        if zeros_from > scan.end:
+            later = _valid_record_after(mm, scan.end, size)
+            if later is not None and not _zero_block(mm, scan.end, later):
+                raise CorruptLogError(
+                    f"{scan.reason}, followed by a valid record at offset {later}", path, scan.end
+                )
+            torn = bytes(mm[scan.end : zeros_from])
     finally:
         mm.close()
-    aside = _save_torn_tail(path, torn, scan.end)
+    aside = _save_torn_tail(path, torn, scan.end) if torn else None
     fd = os.open(path, os.O_WRONLY)
     try:
         os.ftruncate(fd, scan.end)
         os.fsync(fd)
     finally:
         os.close(fd)
+    if aside is None:  # nothing but preallocated zeros after the last record
+        logger.info("log preallocated space trimmed", segment=str(path), start=scan.end, end=size)
+        return Segment(directory, first_seq, scan.count, scan.end, scan.offsets)
     fsync_dir(directory)
     logger.warning(
         "log torn tail truncated",

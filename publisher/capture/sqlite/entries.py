@@ -36,7 +36,7 @@ from typing import NamedTuple
 from common.calls import parse_call
 from common.names import format_table
 from common.rpc import txrepl_pb2 as pb
-from publisher.capture.protowire import entry_of
+from publisher.capture.protowire import framed
 from publisher.capture.sqlite.constraints import published
 from publisher.capture.sqlite.images import image_values_at
 from publisher.capture.sqlite.wire import image_fields, row_op, table_field
@@ -97,8 +97,26 @@ class EntryBuilder:
         whose schema this publication's log has not seen (since this process
         started) is preceded by that schema (shapes.py).
         """
+        pieces, last = self.build_framed(publication, rows, after_id, tables, max_bytes)
+        entries = [pb.Entry.FromString(ops) for ops in pieces]
+        now = int(time.time() * 1_000_000)
+        for e in entries:
+            e.commit_time_us = now
+            e.source_position = str(last)
+        return entries, last
+
+    def build_framed(
+        self,
+        publication: str,
+        rows: Iterable[CapturedRow],
+        after_id: int,
+        tables: Mapping[str, int],
+        max_bytes: int | None = None,
+    ) -> tuple[list[bytes], int]:
+        """:meth:`build_entries`, each entry as the bytes of its ``ops`` field (what
+        ``Publication.append_encoded`` logs around them, without a parse)."""
         limit = max_bytes if max_bytes is not None else 2**62
-        entries: list[pb.Entry] = []
+        entries: list[bytes] = []
         parts: list[bytes] = []  # the open entry's serialized ops (wire.py)
         size = 0
         last = after_id
@@ -120,7 +138,7 @@ class EntryBuilder:
                     limit=limit,
                 )
             if size + n > limit and parts:
-                entries.append(entry_of(parts))
+                entries.append(framed(parts))
                 parts, size = [], 0
             parts.append(op)
             size += n
@@ -181,11 +199,7 @@ class EntryBuilder:
             else:
                 room(op_bytes, shape.key_idx)
         if parts:
-            entries.append(entry_of(parts))
-        now = int(time.time() * 1_000_000)
-        for e in entries:
-            e.commit_time_us = now
-            e.source_position = str(last)
+            entries.append(framed(parts))
         return entries, last
 
     def _large_key(self, r: CapturedRow, shape: Shape) -> str:

@@ -43,7 +43,7 @@ from common.names import format_table, parse_table, unqualified
 from common.rpc import txrepl_pb2 as pb
 from common.values import sqlite_text_factory
 from publisher.capture.calls import CallScope, read_call
-from publisher.capture.groups import GroupWriter
+from publisher.capture.groups import EncodedEntry, GroupWriter
 from publisher.capture.health import CaptureHealth
 from publisher.capture.source import Snapshot, SourceOptions
 from publisher.capture.sqlite.capture import CapturedRow, SqliteCapture, qident
@@ -60,6 +60,11 @@ log = structlog.get_logger(__name__)
 
 RELEASE_EVERY_S = 1.0
 RELEASE_ROWS = 50_000
+# A poll that read a backlog (RELEASE_ROWS rows or more) puts the release off this long
+# (counted from the first such poll, so a stream of them still releases every 2 s):
+# deleting W1's 235k rows cost the publisher ~0.5 s of CPU on a 2-core machine while
+# its subscribers were applying the same backlog (docs/performance.md).
+RELEASE_DEFER_S = 2.0
 # 0.2 s, doubling, at most 5 s between attempts after a failed step.
 RETRY = Backoff(initial_s=0.2, max_s=5.0, jitter=0.0)
 
@@ -102,6 +107,7 @@ class SqliteSource:
         self.health.refused = self.refused
         self._unreleased = 0
         self._released_at = time.monotonic()
+        self._defer_until: float | None = None  # a backlog's release waits till then
 
     @classmethod
     def open(cls, url: DatabaseUrl, options: SourceOptions) -> SqliteSource:
@@ -250,6 +256,8 @@ class SqliteSource:
         # capture queue behind them (and grouped hundreds of transactions per entry).
         # Release at most once a second, or when many rows wait.
         self._unreleased += read
+        if read >= RELEASE_ROWS and self._defer_until is None:
+            self._defer_until = time.monotonic() + RELEASE_DEFER_S
         self._release()
         return appended
 
@@ -266,7 +274,7 @@ class SqliteSource:
         """Add ``pub``'s entries of one chunk to its group; refuse it on a row too large."""
         tables = installed.get(pub.name, {})
         try:
-            entries, last = self.capture.build_entries(
+            entries, last = self.capture.build_framed(
                 pub.name, _calls(scope, rows, ends[pub.name], tables), ends[pub.name], tables,
                 self.max_entry_bytes,
             )  # fmt: skip
@@ -277,16 +285,21 @@ class SqliteSource:
             log.error("capture refused", publication=pub.name, table=exc.table, error=str(exc))
             return
         last = max(last, rows[-1].id)  # past the hidden rows and marks too
-        for entry in entries:
-            entry.origin = origin or ""  # "": the source's own node (Publication.append)
-            group.add(entry, last)
+        now = int(time.time() * 1_000_000)
+        for ops in entries:  # origin "": the source's own node (Publication.append)
+            group.add(EncodedEntry(ops, now, origin or ""), last)
         ends[pub.name] = last
 
     def _release(self) -> None:
         """Release logged capture rows if a second has passed or many wait (release.py:
-        deleted by a thread of its own, the loop goes on)."""
+        deleted by a thread of its own, the loop goes on), unless a backlog was read
+        less than :data:`RELEASE_DEFER_S` ago."""
         assert self.pubs is not None
         now = time.monotonic()
+        if self._defer_until is not None:
+            if now < self._defer_until:
+                return
+            self._defer_until = None
         if self._unreleased >= RELEASE_ROWS or now - self._released_at >= RELEASE_EVERY_S:
             self.releaser.request(min(p.position for p in self.pubs))
             self._unreleased = 0
