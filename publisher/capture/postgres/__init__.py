@@ -2,7 +2,8 @@
 
 Modules: ``capture.py`` (PostgresCapture: the core plus the reconnecting
 stream), ``_core.py`` (connections, health, installation, exported snapshots),
-``_session.py`` (one replication connection's streaming, the flusher),
+``_session.py`` (one replication connection's streaming, the flusher;
+``_confirm.py``: its appends, flushes and slot confirmations),
 ``_state.py`` (run-time values), ``_pgoutput.py`` / ``_pgwal2json.py`` (the
 two decoders), ``_pgcatalog.py`` / ``_pgtypes.py`` (shapes and values), and
 ``source.py`` (PostgresSource, the Source protocol over it).

