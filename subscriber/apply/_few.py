@@ -44,6 +44,7 @@ import pyarrow as pa
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._events import EventBuffer
+from subscriber.apply._plain import FewRows, decoded
 from subscriber.apply._small import groupable
 from subscriber.apply._wire import shadow
 from subscriber.apply.entry import AnyEntry
@@ -56,6 +57,7 @@ FEW_OPS = 256
 FEW_BYTES = 64 * 1024
 
 _INSERT = int(pb.ROW_OP_INSERT)
+_FLOAT = int(pb.ColumnType.COLUMN_TYPE_FLOAT)
 
 
 class _NaN:
@@ -106,6 +108,15 @@ def _keys(columns: list[pa.Array]) -> list[Any] | None:
     return cells[0] if len(cells) == 1 else list(zip(*cells, strict=True))
 
 
+def _plain_keys(columns: list[list[Any]], floats: list[bool]) -> list[Any]:
+    """:func:`_keys` of decoded values (``_plain.decoded``, every type grouped)."""
+    cells = [
+        [_NAN if v != v else v for v in values] if f else values
+        for values, f in zip(columns, floats, strict=True)
+    ]
+    return cells[0] if len(cells) == 1 else list(zip(*cells, strict=True))
+
+
 def _winners(keys: list[Any]) -> list[list[int]]:
     """``[last, first]`` event index of each key, in order of the last."""
     seen: dict[Any, list[int]] = {}
@@ -128,9 +139,14 @@ def few_rows_step(
     when its key columns are not grouped here (see the module doc)."""
     if not buf.few:
         return None
-    keys = _keys([buf.column(i)[1] for i in buf.key_index])
-    if keys is None:
-        return None
+    values = decoded(buf)
+    if values is None:  # a variant column: grouped and built in Arrow
+        keys = _keys([buf.column(i)[1] for i in buf.key_index])
+        if keys is None:
+            return None
+    else:
+        floats = [buf.schema.columns[i].type == _FLOAT for i in buf.key_index]
+        keys = _plain_keys([values[i] for i in buf.key_index], floats)
     winners = _winners(keys)
     dels, ops, seqs = buf.deletes, buf.ops, buf.seqs
     gone: list[list[int]] = []
@@ -143,10 +159,9 @@ def few_rows_step(
             fresh.append(w)
         else:
             rest.append(w)
-    events = buf.to_arrow()
     times = commit_times().to_pylist() if commit_times is not None else None
 
-    def survivors(rows: list[list[int]]) -> pa.Table:
+    def survivors(events: pa.Table, rows: list[list[int]]) -> pa.Table:
         at = [last for last, _ in rows]
         if not at:
             out = events.slice(0, 0)
@@ -160,4 +175,12 @@ def few_rows_step(
             out = out.append_column("_commit_us", pa.array(us, pa.int64()))
         return out
 
-    return RowsStep(schema, survivors(gone), survivors(fresh + rest), fresh=len(fresh))
+    def arrow() -> tuple[pa.Table, pa.Table]:
+        events = buf.to_arrow()
+        return survivors(events, gone), survivors(events, fresh + rest)
+
+    if values is None:
+        return RowsStep(schema, *arrow(), fresh=len(fresh))
+    return FewRows(
+        schema, values, [w[0] for w in gone], [w[0] for w in fresh + rest], len(fresh), arrow
+    )

@@ -36,7 +36,7 @@ import datetime as dt
 import decimal
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -138,6 +138,16 @@ class RowsStep:
     # but must still upsert them if it finds one present (an INSERT OR REPLACE on
     # a SQLite source, an application's Publish, a target written to by hand).
     fresh: int = 0
+
+    def counts(self) -> tuple[int, int]:
+        """(deletes, upserts) rows, without building a table that is built lazily."""
+        return int(self.deletes.num_rows), int(self.upserts.num_rows)
+
+    def columns(self, upserts: bool, indexes: list[int]) -> list[list[Any]] | None:
+        """The schema columns ``indexes`` of the upserts (else the deletes) as plain
+        values, each list what the Arrow column's ``to_pylist`` gives; None: read the
+        Arrow tables (``_plain.py`` keeps a few rows this way)."""
+        return None
 
 
 @dataclass(frozen=True)

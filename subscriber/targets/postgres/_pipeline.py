@@ -67,6 +67,7 @@ import pyarrow.compute as pc
 from psycopg import pq, sql
 
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._plain import arrow_column
 from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.metadata import MetadataSql
@@ -95,7 +96,8 @@ def small(step: RowsStep, limit: int) -> bool:
     ``limit`` values per statement (the writer's ``small_values``)."""
     columns = len(step.schema.columns)
     keys = len(step.schema.primary_key)
-    return bool(step.upserts.num_rows * columns <= limit and step.deletes.num_rows * keys <= limit)
+    deletes, upserts = step.counts()
+    return bool(upserts * columns <= limit and deletes * keys <= limit)
 
 
 def pipelined(
@@ -125,6 +127,48 @@ def _texts(rows: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> list[A
         col = pg_column(rows, i, schema.columns[i], names)
         columns.append((col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist())
     return [cell for row in zip(*columns, strict=True) for cell in row]
+
+
+T = pb.ColumnType
+# Types whose text is made here, as Arrow's cast to string makes it: an int64's
+# decimal digits, a bool's "true"/"false", the strings as they are, bytes as
+# _copy.pg_column writes them.  The others (floats: Arrow's shortest form is not
+# repr's; dates and times) are formatted by Arrow from a column of the same values.
+_AS_TEXT = frozenset(
+    int(t)
+    for t in (
+        T.COLUMN_TYPE_TEXT,
+        T.COLUMN_TYPE_JSON,
+        T.COLUMN_TYPE_DECIMAL,
+        T.COLUMN_TYPE_TIMESTAMPTZ,
+    )
+)
+_INTEGER = int(T.COLUMN_TYPE_INTEGER)
+_BOOLEAN = int(T.COLUMN_TYPE_BOOLEAN)
+_BYTES = int(T.COLUMN_TYPE_BYTES)
+
+
+def _plain_text(values: list[Any], column: pb.Column, i: int) -> list[Any]:
+    """What :func:`_texts` makes of column ``i`` holding ``values`` (``to_pylist`` form)."""
+    t = column.type
+    if t in _AS_TEXT:
+        return values
+    if t == _INTEGER:
+        return [None if v is None else str(v) for v in values]
+    if t == _BOOLEAN:
+        return [None if v is None else ("true" if v else "false") for v in values]
+    if t == _BYTES:
+        return [None if v is None else "\\x" + v.hex() for v in values]
+    name = f"c{i}"
+    col = pg_column(pa.Table.from_arrays([arrow_column(column, values)], [name]), i, column, [name])
+    out: list[Any] = (col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist()
+    return out
+
+
+def plain_texts(columns: list[list[Any]], schema: pb.TableSchema, indexes: list[int]) -> list[Any]:
+    """:func:`_texts` of the plain values of columns ``indexes`` (``RowsStep.columns``)."""
+    texts = [_plain_text(v, schema.columns[i], i) for v, i in zip(columns, indexes, strict=True)]
+    return [cell for row in zip(*texts, strict=True) for cell in row]
 
 
 def _tuples(count: int, width: int) -> sql.Composed:
@@ -166,16 +210,27 @@ def _statements(
     return delete, upsert
 
 
+def _step_texts(step: RowsStep, upserts: bool, indexes: list[int]) -> list[Any]:
+    """:func:`_texts` of the step's upserts (else deletes), from its plain values
+    when it keeps them (``subscriber/apply/_plain.py``): the same text, no Arrow
+    but for the types formatted by Arrow's cast (:func:`plain_texts`)."""
+    columns = step.columns(upserts, indexes)
+    if columns is None:
+        return _texts(step.upserts if upserts else step.deletes, step.schema, indexes)
+    return plain_texts(columns, step.schema, indexes)
+
+
 def rows_by_statements(cur: psycopg.Cursor[Any] | Queued, step: RowsStep) -> int:
     """Write a small rows step: one DELETE, one INSERT ... ON CONFLICT (no fetch)."""
     schema = step.schema
-    delete, upsert = _statements(cur, schema, step.deletes.num_rows, step.upserts.num_rows)
+    deletes, upserts = step.counts()
+    delete, upsert = _statements(cur, schema, deletes, upserts)
     if delete is not None:
         keys = [[c.name for c in schema.columns].index(k) for k in schema.primary_key]
-        cur.execute(delete, _texts(step.deletes, schema, keys))
+        cur.execute(delete, _step_texts(step, False, keys))
     if upsert is not None:
-        cur.execute(upsert, _texts(step.upserts, schema, list(range(len(schema.columns)))))
-    return int(step.deletes.num_rows + step.upserts.num_rows)
+        cur.execute(upsert, _step_texts(step, True, list(range(len(schema.columns)))))
+    return deletes + upserts
 
 
 # Fails (division by zero) unless the locked level row is the one the batch follows

@@ -45,6 +45,7 @@ from common import values
 from common.names import parse_table, quote_ident
 from common.origin import ensure_applying
 from common.rpc import txrepl_pb2 as pb
+from subscriber.apply._plain import arrow_column
 from subscriber.apply.errors import ApplyError, TransientError, WriterError
 from subscriber.apply.writer import (
     CallStep,
@@ -214,6 +215,34 @@ def _column_values(
     if t == _BOOLEAN:
         return [None if b is None else int(b) for b in col.to_pylist()]
     return [sqlite_value(v) for v in python_values(col, column, variant)]
+
+
+def _step_values(step: RowsStep, upserts: bool, indexes: list[int]) -> list[list[object]]:
+    """:func:`_column_values` of the step's upserts (else deletes), from its plain
+    values when it keeps them (``subscriber/apply/_plain.py``): each list is what the
+    Arrow column's ``to_pylist`` gives, so the same branches apply."""
+    schema = step.schema
+    plain = step.columns(upserts, indexes)
+    if plain is None:
+        rows = step.upserts if upserts else step.deletes
+        have = frozenset(rows.column_names)
+        return [_column_values(rows, i, schema.columns[i], have) for i in indexes]
+    out: list[list[object]] = []
+    for cells, i in zip(plain, indexes, strict=True):
+        column = schema.columns[i]
+        t = column.type
+        if t in _AS_IS:
+            out.append(cells)
+        elif t == _FLOAT:
+            out.append([None if v is None else _real(v) for v in cells])
+        elif t == _DECIMAL:
+            out.append([None if v is None else _decimal(v) for v in cells])
+        elif t == _BOOLEAN:
+            out.append([None if b is None else int(b) for b in cells])
+        else:  # dates and times: through Arrow, as _column_values does
+            col = pa.chunked_array([arrow_column(column, cells)])
+            out.append([sqlite_value(v) for v in python_values(col, column, False)])
+    return out
 
 
 class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
@@ -470,22 +499,17 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
         names = [c.name for c in schema.columns]
         table = quote_table(schema.table)
         written = 0
-        if step.deletes.num_rows:
+        deletes, upserts = step.counts()
+        if deletes:
             key_idx = [names.index(k) for k in schema.primary_key]
-            have = frozenset(step.deletes.column_names)
-            marks, cols = placed_params(
-                [_column_values(step.deletes, i, schema.columns[i], have) for i in key_idx]
-            )
+            marks, cols = placed_params(_step_values(step, False, key_idx))
             where = " AND ".join(
                 f"{quote(names[i])} IS {m}" for i, m in zip(key_idx, marks, strict=True)
             )
             self._conn.executemany(f"DELETE FROM {table} WHERE {where}", _rows_of(cols))
-            written += step.deletes.num_rows
-        if step.upserts.num_rows:
-            have = frozenset(step.upserts.column_names)
-            placed, cols = placed_params(
-                [_column_values(step.upserts, i, c, have) for i, c in enumerate(schema.columns)]
-            )
+            written += deletes
+        if upserts:
+            placed, cols = placed_params(_step_values(step, True, list(range(len(names)))))
             collist = ", ".join(quote(n) for n in names)
             row = ", ".join(placed)
             pk = ", ".join(quote(k) for k in schema.primary_key)
@@ -511,7 +535,7 @@ class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
                     f"SQLite target {self.path} refused the batch: {exc} (table "
                     f"{schema.table!r}, {refused}): a constraint the source does not have?"
                 ) from exc
-            written += step.upserts.num_rows
+            written += upserts
         return written
 
     def _history(self, step: HistoryStep) -> int:
