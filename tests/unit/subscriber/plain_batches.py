@@ -42,7 +42,9 @@ _KEY_POOL: dict[int, list[pb.Value]] = {
     T.COLUMN_TYPE_TIMESTAMP: [V(timestamp_us=t) for t in (_Y1_US, 0, _Y9999_US)],
     T.COLUMN_TYPE_TIMESTAMPTZ: [
         V(timestamptz=_TZ(utc_us=u, offset_s=o))
-        for u, o in ((1_790_000_000_000_000, 0), (1_790_000_000_000_000, 3600), (1, -19_800))
+        # distinct instants: one instant at two offsets is two keys here, one to
+        # PostgreSQL (its ON CONFLICT refuses a command touching a row twice)
+        for u, o in ((1_790_000_000_000_000, 0), (1_790_000_000_000_001, 3600), (1, -19_800))
     ],
     T.COLUMN_TYPE_JSON: [V(json='{"a": 1}'), V(text="[]")],
 }

@@ -63,7 +63,8 @@ def test_plain_rows_hand_each_target_what_the_arrow_tables_hand_it(seed: int) ->
     the plain values equal the Arrow columns' values, and PostgreSQL's parameter text
     and SQLite's bound values made from them equal those made from the Arrow tables."""
     steps = _steps(seed)
-    assert steps and all(isinstance(s, FewRows) for s in steps)  # the plain path is taken
+    assert steps
+    assert all(isinstance(s, FewRows) for s in steps)
     for step in steps:
         assert isinstance(step, FewRows)
         twin = _arrow_twin(step)
@@ -108,5 +109,6 @@ def test_a_date_beyond_python_s_range_sends_its_step_the_arrow_way() -> None:
     ins = pb.Op(row=pb.RowChange(table="d", op=pb.ROW_OP_INSERT, row=row))
     steps, _ = NoSpark()._plan(1, [pb.Entry(ops=[ins])], {"d": schema})
     [step] = steps
-    assert isinstance(step, RowsStep) and not isinstance(step, FewRows)
+    assert isinstance(step, RowsStep)
+    assert not isinstance(step, FewRows)
     assert step.upserts.column("c1").type == pa.date32()
