@@ -38,7 +38,7 @@ def _run(
         if arrow:  # every few events' step built in Arrow, as before _plain.py
             m.setattr(_few, "decoded", lambda buf: None)
         spark = LazySpark(_no_spark, at_once=False, start_after_s=1e9)
-        applier = Applier(spark, writer, subscription="s")
+        applier = Applier(spark, writer, subscription="s")  # type: ignore[arg-type]
         schema_ops = [pb.Op(schema=s) for s in SCHEMAS.values()]
         level = applier.apply(1, [pb.Entry(ops=schema_ops)], incarnation=INC).level
         rng = random.Random(seed)
