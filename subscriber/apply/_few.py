@@ -31,8 +31,15 @@ another way, whose cost is per op, per cell, per event:
    ``commit_times``, ``_commit_us`` (the source commit time of the survivor's entry)
    appended as the vectorized path appends them.
 
+5. **Plain values** (``_plain.py``).  When every cell is of its column's kind, the
+   cells are decoded once into Python values (:func:`~subscriber.apply._plain.decoded`),
+   the keys grouped from them, and the step is a :class:`~subscriber.apply._plain.FewRows`:
+   the writers read the survivors' values; the Arrow tables above are built only when
+   something reads them.  A variant column keeps the Arrow way throughout.
+
 ``tests/unit/subscriber/test_apply_few.py`` plans seeded batches both ways and
-compares the steps exactly.
+compares the steps exactly; ``test_apply_plain.py`` compares the plain values with
+the Arrow tables and what each target is handed from them.
 """
 
 from __future__ import annotations
