@@ -134,15 +134,13 @@ T = pb.ColumnType
 # decimal digits, a bool's "true"/"false", the strings as they are, bytes as
 # _copy.pg_column writes them.  The others (floats: Arrow's shortest form is not
 # repr's; dates and times) are formatted by Arrow from a column of the same values.
-_AS_TEXT = frozenset(
-    int(t)
-    for t in (
-        T.COLUMN_TYPE_TEXT,
-        T.COLUMN_TYPE_JSON,
-        T.COLUMN_TYPE_DECIMAL,
-        T.COLUMN_TYPE_TIMESTAMPTZ,
-    )
+_STRINGS = (
+    T.COLUMN_TYPE_TEXT,
+    T.COLUMN_TYPE_JSON,
+    T.COLUMN_TYPE_DECIMAL,
+    T.COLUMN_TYPE_TIMESTAMPTZ,
 )
+_AS_TEXT = frozenset(map(int, _STRINGS))
 _INTEGER = int(T.COLUMN_TYPE_INTEGER)
 _BOOLEAN = int(T.COLUMN_TYPE_BOOLEAN)
 _BYTES = int(T.COLUMN_TYPE_BYTES)
