@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import pyarrow as pa
 
 from common.rpc import txrepl_pb2 as pb
-from subscriber.apply._events import _TYPED, EventBuffer, _Mismatch
+from subscriber.apply._events import _FIELD, _TYPED, _WHICH, EventBuffer, _Mismatch
 from subscriber.apply.writer import RowsStep
 
 __all__ = ["FewRows", "arrow_column", "decoded"]
@@ -62,11 +63,21 @@ def decoded(buf: EventBuffer) -> list[list[Any]] | None:
         got = _TYPED.get(column.type)
         if got is None:
             return None
-        conv = got[0]
-        try:
-            values: list[Any] = [conv(c) for c in cells[i::width]]
-        except _Mismatch:
-            return None
+        column_cells = cells[i::width]
+        kinds = list(map(_WHICH, column_cells))
+        own = _FIELD.get(column.type)
+        if own is not None and set(kinds) <= {own, None, "null"}:
+            # every cell of the column's own kind or NULL: what the converter returns
+            get = attrgetter(own)
+            values: list[Any] = [
+                get(c) if k == own else None for c, k in zip(column_cells, kinds, strict=True)
+            ]
+        else:
+            conv = got[0]
+            try:
+                values = [conv(c) for c in column_cells]
+            except _Mismatch:
+                return None
         if column.type == _DATE:
             if any(v is not None and not _MIN_DAYS <= v <= _MAX_DAYS for v in values):
                 return None
