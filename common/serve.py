@@ -29,6 +29,8 @@ __all__ = [
     "GrpcEndpoint",
     "Malformed",
     "check_can_listen",
+    "freeze_imports",
+    "freeze_startup_heap",
     "install_signal_handlers",
     "write_atomic",
 ]
@@ -225,6 +227,19 @@ def install_signal_handlers(stop: asyncio.Event) -> None:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
+
+
+def freeze_imports() -> None:
+    """Move the modules imported so far out of the GC, before the daemon's start-up.
+
+    A daemon's start allocates enough to trigger full collections, and each walked
+    every object of the modules just imported: two of 25-45 ms in a publisher started
+    on a W1 backlog (its capture thread allocating meanwhile), one or two in a
+    subscriber, on the path to its first batch.  No collection is run first: what the
+    imports left as garbage is negligible and stays. :func:`freeze_startup_heap`
+    then freezes what the start-up allocated.
+    """
+    gc.freeze()
 
 
 def freeze_startup_heap() -> None:

@@ -60,7 +60,12 @@ from common.security import (
     server_credentials,
     token_from_metadata,
 )
-from common.serve import GrpcEndpoint, check_can_listen, install_signal_handlers
+from common.serve import (
+    GrpcEndpoint,
+    check_can_listen,
+    freeze_imports,
+    install_signal_handlers,
+)
 from common.systemd import Notifier
 from publisher.capture import Source, SourceOptions
 from publisher.capture.dialects import open_source
@@ -492,6 +497,7 @@ async def _main(config: PublisherConfig) -> None:
 
 
 def run(config: PublisherConfig) -> None:
+    freeze_imports()
     asyncio.run(_main(config))
 
 

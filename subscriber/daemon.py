@@ -47,7 +47,12 @@ from common.security import (
     aio_channel_factory,
     server_credentials,
 )
-from common.serve import GrpcEndpoint, check_can_listen, install_signal_handlers
+from common.serve import (
+    GrpcEndpoint,
+    check_can_listen,
+    freeze_imports,
+    install_signal_handlers,
+)
 from common.systemd import Notifier
 from subscriber.apply import (
     AnyEntry,
@@ -378,4 +383,5 @@ async def _main(config: SubscriberConfig) -> None:
 
 
 def run(config: SubscriberConfig) -> None:
+    freeze_imports()
     asyncio.run(_main(config))
