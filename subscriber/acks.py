@@ -93,6 +93,8 @@ class DurableAcks:
             self._poller = None
 
     async def _send(self, level: int) -> None:
+        if level <= self.sent:
+            return  # nothing new (most batches of an asynchronous PostgreSQL commit)
         async with self._writing:  # one write at a time on the stream, in level order
             if level > self.sent:
                 self.sent = level

@@ -24,16 +24,17 @@ returned does nothing (``_Stopper.armed``), so the cancellation can only land on
 an await inside ``receive``.  Reading stays strictly sequential in one coroutine:
 a full batcher still stops it.
 
-Acks, coalesced (issue 23): :meth:`FeedStream.ack` writes at once when no ack
-went out in the last ``ack_interval`` seconds; otherwise it only records the level,
-and one deferred write sends the *latest* level when the interval ends (and again
-if more came meanwhile).  So at most one ack message per interval, none lost:
-levels only grow, and a later ack covers every earlier one (the publisher needs
-only the last: retention, status, the queue threshold).  Never two writes at once
-on the call (gRPC allows one): the inline write happens only when no deferred one
-exists, the deferred one is the only writer while it does, and a lock covers an
-inline write still in flight when the deferred one's time comes (or a caller of
-``ack`` besides the pipeline).
+Acks, coalesced (issue 23): :meth:`FeedStream.ack` only records the level and,
+unless one exists, starts the session's one ack writer (a task): it writes at once
+when no ack went out in the last ``ack_interval`` seconds, otherwise when the
+interval ends, and sends the *latest* level each time, again if more came while it
+waited or wrote.  So at most one ack message per interval, none lost: levels only
+grow, and a later ack covers every earlier one (the publisher needs only the last:
+retention, status, the queue threshold).  The caller (the apply pipeline) never
+waits for a gRPC write: a write's completion comes back through gRPC's poller, and
+the next batch's apply used to wait behind it.  Never two writes at once on the
+call (gRPC allows one): the writer task is the only writer while it exists, and a
+lock covers any other (a test's).
 :meth:`FeedStream.flush_acks` sends a pending level at once (the session's end).
 A lost ack loses nothing: the next Hello carries the level.
 
@@ -225,16 +226,13 @@ class FeedStream:
         Coalesced: at most one write per ``ack_interval`` (the module docstring).
         """
         self._ack_level = level
-        if self._ack_later is not None:
-            return  # the deferred write sends the latest level
-        wait = self._ack_sent_at + self.ack_interval - time.monotonic()
-        if wait <= 0:
-            await self._write_ack(level)
-        else:
+        if self._ack_later is None:  # else the writer sends the latest level
+            wait = self._ack_sent_at + self.ack_interval - time.monotonic()
             self._ack_later = asyncio.ensure_future(self._ack_after(wait))
 
     async def flush_acks(self) -> None:
-        """Send a level that waits for its interval now (the session is ending)."""
+        """Send a level that waits for its interval (or is being written) now: the
+        session is ending."""
         later = self._ack_later
         if later is None:
             return
@@ -250,7 +248,7 @@ class FeedStream:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                if not self._ack_now:
+                if wait > 0 and not self._ack_now:
                     due = self._ack_due = loop.create_future()
                     timer = loop.call_later(wait, _resolve, due)
                     try:

@@ -144,12 +144,32 @@ async def test_a_waiting_ack_is_sent_when_the_session_ends(
     async with session(served, ack_interval=3600) as s:
         head = served.pub.log.head
         await _until(lambda: len(s.taken) == head, "every entry gathered")
-        for level in range(1, head + 1):
-            await s.stream.ack(level)
+        await s.stream.ack(1)
         await _until(lambda: acks == [1], "the first ack")
+        for level in range(2, head + 1):
+            await s.stream.ack(level)
         await s.stream.flush_acks()
         await _until(lambda: acks[-1] == head, "the publisher to read the flushed ack")
         assert acks == [1, head]
+
+
+async def test_an_ack_never_holds_up_the_apply(
+    served: ServedFeeds[Registry], acks: list[int]
+) -> None:
+    """The apply's ack returns without waiting for the gRPC write (the first ack of a
+    session, written at once, as much as a coalesced one): the next batch is not held
+    up behind a write's round trip; the level still reaches the publisher."""
+    _append(served, 3)
+    async with session(served, ack_interval=0) as s:
+        head = served.pub.log.head
+        await _until(lambda: len(s.taken) == head, "every entry gathered")
+        for level in range(1, head + 1):
+            step = s.stream.ack(level)
+            # Run by hand: a coroutine that awaits the write suspends on its first step.
+            with pytest.raises(StopIteration):
+                step.send(None)
+            await _until(lambda: acks[-1:] == [level], f"the publisher to read ack {level}")
+        assert acks == list(range(1, head + 1))
 
 
 async def test_reading_makes_no_task_per_message(served: ServedFeeds[Registry]) -> None:
