@@ -168,7 +168,8 @@ async def test_an_ack_never_holds_up_the_apply(
             # Run by hand: a coroutine that awaits the write suspends on its first step.
             with pytest.raises(StopIteration):
                 step.send(None)
-            await _until(lambda: acks[-1:] == [level], f"the publisher to read ack {level}")
+            want = [level]
+            await _until(lambda: acks[-1:] == want, f"the publisher to read ack {level}")  # noqa: B023
         assert acks == list(range(1, head + 1))
 
 
