@@ -209,7 +209,7 @@ class Publication:
             ]
             return seqs[0]
         with self._lock:
-            self._lock.wait_for(lambda: self._open is None)
+            self._admit(False, 0)
             began = time.time()
             stamp, encoded = self._stamp, self._encoded
             data = []

@@ -7,8 +7,8 @@ the end) comes, so it knows whether ``continued`` must be set: memory holds one
 entry per publication, whatever the group's size.  Rules P1-P2: fragments are
 appended with ``grouped=True`` (other appends wait), every one but the last
 carries the group's resume point as its position.  :meth:`abort` is rule P3 on
-the capture's error path.  An entry comes as a ``pb.Entry`` (:meth:`GroupWriter.add`)
-or as the bytes of its ops (:meth:`GroupWriter.add_encoded`: logged around them by
+the capture's error path.  :meth:`GroupWriter.add` takes an entry as a ``pb.Entry``
+or as an :class:`EncodedEntry`, the bytes of its ops (logged around them by
 ``Publication.append_encoded``, never parsed; the SQLite capture's backlog).
 """
 

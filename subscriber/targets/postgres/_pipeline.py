@@ -124,9 +124,14 @@ def _texts(rows: pa.Table, schema: pb.TableSchema, indexes: list[int]) -> list[A
     names = rows.column_names
     columns = []
     for i in indexes:
-        col = pg_column(rows, i, schema.columns[i], names)
-        columns.append((col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist())
+        columns.append(_as_text(pg_column(rows, i, schema.columns[i], names)))
     return [cell for row in zip(*columns, strict=True) for cell in row]
+
+
+def _as_text(col: pa.Array | pa.ChunkedArray) -> list[Any]:
+    """A COPY-ready column's cells as text (no cast of a column that is text already)."""
+    out: list[Any] = (col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist()
+    return out
 
 
 T = pb.ColumnType
@@ -158,9 +163,8 @@ def _plain_text(values: list[Any], column: pb.Column, i: int) -> list[Any]:
     if t == _BYTES:
         return [None if v is None else "\\x" + v.hex() for v in values]
     name = f"c{i}"
-    col = pg_column(pa.Table.from_arrays([arrow_column(column, values)], [name]), i, column, [name])
-    out: list[Any] = (col if col.type == _STRING else pc.cast(col, _STRING)).to_pylist()
-    return out
+    table = pa.Table.from_arrays([arrow_column(column, values)], [name])
+    return _as_text(pg_column(table, i, column, [name]))
 
 
 def plain_texts(columns: list[list[Any]], schema: pb.TableSchema, indexes: list[int]) -> list[Any]:

@@ -35,7 +35,7 @@ import datetime as dt
 import decimal
 import sqlite3
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,19 +202,28 @@ def _column_values(
     """Column ``index`` of an apply table as bound (``names``: the table's column
     names, when the caller reads several columns of it)."""
     col, variant = column_of(table, index, names)
-    t = column.type
     if variant:
         return [sqlite_value(v) for v in python_values(col, column, variant)]
+    return _bound(column, col.to_pylist, lambda: col)
+
+
+def _bound(
+    column: pb.Column, cells: Callable[[], list[Any]], arrow: Callable[[], pa.ChunkedArray]
+) -> list[object]:
+    """A column's values as bound, from its cells in ``to_pylist`` form (``cells()``);
+    the types stored in another form than Python's (dates and times) from its Arrow
+    column (``arrow()``).  Read only as the type needs: one of the two is built."""
+    t = column.type
     if t in _AS_IS:
-        out: list[object] = col.to_pylist()
+        out: list[object] = cells()
         return out
     if t == _FLOAT:
-        return [None if v is None else _real(v) for v in col.to_pylist()]
+        return [None if v is None else _real(v) for v in cells()]
     if t == _DECIMAL:
-        return [None if v is None else _decimal(v) for v in col.to_pylist()]
+        return [None if v is None else _decimal(v) for v in cells()]
     if t == _BOOLEAN:
-        return [None if b is None else int(b) for b in col.to_pylist()]
-    return [sqlite_value(v) for v in python_values(col, column, variant)]
+        return [None if b is None else int(b) for b in cells()]
+    return [sqlite_value(v) for v in python_values(arrow(), column, False)]
 
 
 def _step_values(step: RowsStep, upserts: bool, indexes: list[int]) -> list[list[object]]:
@@ -227,22 +236,13 @@ def _step_values(step: RowsStep, upserts: bool, indexes: list[int]) -> list[list
         rows = step.upserts if upserts else step.deletes
         have = frozenset(rows.column_names)
         return [_column_values(rows, i, schema.columns[i], have) for i in indexes]
-    out: list[list[object]] = []
-    for cells, i in zip(plain, indexes, strict=True):
-        column = schema.columns[i]
-        t = column.type
-        if t in _AS_IS:
-            out.append(cells)
-        elif t == _FLOAT:
-            out.append([None if v is None else _real(v) for v in cells])
-        elif t == _DECIMAL:
-            out.append([None if v is None else _decimal(v) for v in cells])
-        elif t == _BOOLEAN:
-            out.append([None if b is None else int(b) for b in cells])
-        else:  # dates and times: through Arrow, as _column_values does
-            col = pa.chunked_array([arrow_column(column, cells)])
-            out.append([sqlite_value(v) for v in python_values(col, column, False)])
-    return out
+
+    def bound(cells: list[Any], column: pb.Column) -> list[object]:
+        return _bound(
+            column, lambda: cells, lambda: pa.chunked_array([arrow_column(column, cells)])
+        )
+
+    return [bound(cells, schema.columns[i]) for cells, i in zip(plain, indexes, strict=True)]
 
 
 class SqliteWriter(HeldWrites, ErrorQueue, SqliteOrderedTables):
