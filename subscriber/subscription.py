@@ -42,6 +42,7 @@ from common.exits import rpc_failure
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.security import aio_channel_factory
+from common.serve import freeze_settled_heap
 from subscriber.apply import Applier, ApplyError, GapError, TransientError
 from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig, SubscriptionConfig
@@ -377,6 +378,7 @@ class SubscriptionRunner:
     def _at_head(self, batcher: Batcher) -> bool:
         """Our level reached the head of an InSync: in sync; True if the session ends."""
         self.st.enter_in_sync()
+        freeze_settled_heap()
         if self.schedule.enabled and not self._run_done:
             self._run_done = True
             batcher.end()  # the applier returns; the session ends
