@@ -126,7 +126,7 @@ async def test_an_in_sync_feed_arms_one_timer_for_its_waits_not_one_per_entry(
         sub = await RawSubscriber(served.address, "s1").start()
         try:
             await asyncio.wait_for(sub.in_sync.wait(), 60)
-            loop.call_at = counting_call_at  # type: ignore[method-assign]
+            loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
             for i in range(100):
                 entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
                 seq = await asyncio.to_thread(served.pub.append, entry)
