@@ -44,12 +44,25 @@ def _masked(value: Any, depth: int = 0) -> Any:
     return value
 
 
+_NESTED = (dict, list, tuple)
+
+
+@functools.lru_cache(maxsize=1024)
+def _secret_keys(keys: tuple[str, ...]) -> tuple[str, ...]:
+    """The keys of a line that name secrets, decided once per set of keys: a process
+    logs a few dozen kinds of line, and the subscriber one per batch (issue 23: asking
+    per key cost 4 of a batch line's 16 µs)."""
+    return tuple(k for k in keys if _is_secret(k))
+
+
 def _mask_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    for key in list(event):
-        if _is_secret(key) and event[key]:
+    secret = _secret_keys(tuple(event))
+    for key in secret:
+        if event[key]:
             event[key] = "***"
-        elif isinstance(event[key], dict | list | tuple):
-            event[key] = _masked(event[key])
+    for key, value in event.items():  # values replaced, no key added: safe to iterate
+        if isinstance(value, _NESTED):
+            event[key] = _masked(value)
     return event
 
 

@@ -88,9 +88,10 @@ from common.feedstatus import (
 from common.rpc import txrepl_pb2 as pb
 from common.serve import Malformed
 from publisher._admission import INVALID_PREFIX, admit, refused
+from publisher._waittimer import WaitTimer
 from publisher.acks import AckRecorder
 from publisher.errors import FeedRefused
-from publisher.log import Log, PurgedError
+from publisher.log import PurgedError
 from publisher.publication import Publication
 from publisher.sendwatch import SendWatch
 
@@ -129,6 +130,7 @@ class Feed:
     sends: SendWatch | None = None  # the send timeout (publisher/sendwatch.py)
     # While syncing at the head: the wait an ack wakes when the feed may go in sync.
     waiting: asyncio.Future[int] | None = None
+    timer: WaitTimer | None = None  # ends its waits for the head (publisher/_waittimer.py)
 
     def acknowledge(self, level: int) -> None:
         self.acked = level
@@ -210,6 +212,8 @@ class FeedManager:
             self.feeds.discard(feed)
             if feed.sends is not None:
                 feed.sends.stop()
+            if feed.timer is not None:
+                feed.timer.cancel()
             acks.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await acks
@@ -457,7 +461,7 @@ class FeedManager:
                     continue  # new entries, or it may go in sync now
                 new_head = plog.head
             else:
-                new_head = await self._wait(plog, next_seq, cfg.heartbeat_s)
+                new_head = await self._wait(feed, next_seq, cfg.heartbeat_s)
             if new_head < next_seq and not self.stopping.is_set():
                 msg = pb.PublisherMessage()
                 msg.heartbeat.head = new_head
@@ -470,31 +474,36 @@ class FeedManager:
                     )
         return self._cut(feed, pb.CUT_KIND_PUBLISHER_SHUTTING_DOWN, "publisher shutting down")
 
-    async def _wait(self, plog: Log, seq: int, wait_s: float, feed: Feed | None = None) -> int:
+    async def _wait(self, feed: Feed, seq: int, wait_s: float, *, ack_wakes: bool = False) -> int:
         """Wait until the log's head reaches ``seq``, ``wait_s`` passes, or shutdown
-        (or, given a syncing ``feed``, an ack brings it within the queue threshold).
+        (or, ``ack_wakes``: a syncing feed's ack brings it within the queue threshold).
 
-        Per wait (per entry in sync) a future of the log's head watch and a timer, no
-        task (issue 23): the watch, the timer, the shutdown (:meth:`_stopped`) or the
-        feed's ack settles the future.
+        Per wait (per entry in sync) a future of the log's head watch, no task and no
+        timer of its own (issue 23): the watch, the feed's one timer
+        (publisher/_waittimer.py), the shutdown (:meth:`_stopped`) or the feed's ack
+        settles the future.
         """
+        plog = feed.publication.log
         stop = self._stopped()
         if stop.done():
             return plog.head
         watch = plog.watch()
         fut = watch.future(seq)
         if not fut.done():
-            timer = asyncio.get_running_loop().call_later(wait_s, _settle, fut)
+            timer = feed.timer
+            if timer is None:
+                timer = feed.timer = WaitTimer(asyncio.get_running_loop())
+            timer.arm(fut, wait_s)
             self._waits.add(fut)
-            if feed is not None:
+            if ack_wakes:
                 feed.waiting = fut
             try:
                 await fut
             finally:
-                timer.cancel()
+                timer.disarm()
                 self._waits.discard(fut)
                 watch.discard(fut)
-                if feed is not None:
+                if ack_wakes:
                     feed.waiting = None
         return plog.head
 
@@ -509,7 +518,7 @@ class FeedManager:
                 return False
             # While capture reads a backlog, its end is looked for every _RECHECK_S.
             wait_s = min(left, _RECHECK_S) if pub.catching_up else left
-            head = await self._wait(pub.log, seq, wait_s, feed)
+            head = await self._wait(feed, seq, wait_s, ack_wakes=True)
             if head >= seq or self.stopping.is_set() or _ready(feed, head):
                 return True
 

@@ -45,6 +45,7 @@ __all__ = ["Encoded", "Publication", "append_in_order"]
 Encoded = tuple[bytes, int, int, str, Sequence[pb.SequencePosition]]
 
 _DURABLE_KEPT = 8192  # seqs whose durable time the feeds may still ask for
+_TAILS_KEPT = 64  # origins whose entry tail is kept (_encoded): the nodes of a topology
 
 
 class Publication:
@@ -72,6 +73,7 @@ class Publication:
         self._durable: collections.deque[tuple[int, float]] = collections.deque(
             maxlen=_DURABLE_KEPT
         )
+        self._tails: dict[str, bytes] = {}  # origin → an entry alone's bytes after its ops
         self.abort_group()  # left open by a crash between two fragments (P3)
 
     # -- stage latency ------------------------------------------------------------------
@@ -88,7 +90,7 @@ class Publication:
     def _settle(self, head: int) -> None:
         """Appends at or below ``head`` are durable now (``_stage_lock`` held)."""
         stages, pending = self.stages, self._appended_at
-        if stages is None or not pending:
+        if stages is None or not pending or pending[0][0] > head:
             return
         now = time.time()
         while pending and pending[0][0] <= head:
@@ -232,10 +234,20 @@ class Publication:
         """The logged bytes of an Entry of these fields around ``ops``' bytes, in
         field-number order (:meth:`append_encoded`)."""
         head = pb.Entry(commit_time_us=commit_time_us, source_position=str(position))
-        tail = pb.Entry(
-            continued=continued, fragment=fragment, origin=origin or self.node, sequences=sequences
-        )
-        return head.SerializeToString() + ops + tail.SerializeToString()
+        origin = origin or self.node
+        if continued or fragment or sequences:
+            tail = pb.Entry(
+                continued=continued, fragment=fragment, origin=origin, sequences=sequences
+            ).SerializeToString()
+        else:  # an entry alone: its tail is its origin's alone, made once (1 µs an entry)
+            kept = self._tails.get(origin)
+            if kept is not None:
+                tail = kept
+            else:
+                if len(self._tails) >= _TAILS_KEPT:
+                    self._tails.clear()
+                tail = self._tails[origin] = pb.Entry(origin=origin).SerializeToString()
+        return head.SerializeToString() + ops + tail
 
     def _admit(self, grouped: bool, fragment: int) -> None:
         """Wait (``_lock`` held) until this append may enter the log: any append but a
@@ -267,7 +279,10 @@ class Publication:
         commit time."""
         if self.stages is not None:
             with self._stage_lock:
-                self._appended_at.extend((seq + i, began) for i in range(count))
+                if count == 1:
+                    self._appended_at.append((seq, began))
+                else:
+                    self._appended_at.extend((seq + i, began) for i in range(count))
                 self._settle(self.log.head)  # an append that waited is durable already
         if position is not None:
             self.position = position

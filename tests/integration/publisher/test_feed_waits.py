@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -102,3 +103,40 @@ async def test_while_capture_reads_a_backlog_a_feed_is_neither_in_sync_nor_cut(
             assert row.cuts == 0
         finally:
             await sub.close()
+
+
+async def test_an_in_sync_feed_arms_one_timer_for_its_waits_not_one_per_entry(
+    tmp_path: Path,
+) -> None:
+    """Entries sent one at a time (each acknowledged before the next: a wait for the
+    head each) arm the heartbeat's timer a few times, not once per entry (issue 23:
+    the event loop's work per entry); and once they stop, the idle feed still sends
+    heartbeats carrying the new head."""
+    loop = asyncio.get_running_loop()
+    long_timers = 0
+    call_at = loop.call_at
+
+    def counting_call_at(when: float, *args: Any, **kwargs: Any) -> asyncio.TimerHandle:
+        nonlocal long_timers
+        if 0.5 < when - loop.time() <= 0.8:  # the heartbeat (not the polls, the 60 s limits)
+            long_timers += 1
+        return call_at(when, *args, **kwargs)
+
+    async with served_feeds(tmp_path, Registry, heartbeat_s=0.8) as served:
+        sub = await RawSubscriber(served.address, "s1").start()
+        try:
+            await asyncio.wait_for(sub.in_sync.wait(), 60)
+            loop.call_at = counting_call_at  # type: ignore[method-assign,assignment]
+            for i in range(100):
+                entry = pb.Entry(ops=[insert_op("notes", [i, "x"])])
+                seq = await asyncio.to_thread(served.pub.append, entry)
+                await sub.wait_level(seq, 60)
+            armed = long_timers
+            beats = len(sub.heartbeats)
+            await _reach(lambda: len(sub.heartbeats) >= beats + 2, "two heartbeats after")
+            assert set(sub.heartbeats[beats:]) == {seq}
+        finally:
+            del loop.call_at
+            await sub.close()
+    # One per heartbeat period the entries took (a loaded machine: many), not 100.
+    assert armed < 50, armed
