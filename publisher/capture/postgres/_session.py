@@ -229,18 +229,7 @@ class Session(Confirming):
                 self._event(ev)
             return
         first = payload[0] if payload else 0
-        if first == 0x42 and len(payload) == 21:  # Begin: no event made either
-            lsn, ts, _xid = _BEGIN(payload, 1)
-            if self.queued and (self.pending is not None or self.cap._marks):
-                self._drain()  # a crossing appends, a mark reads the heads
-            self._cross(lsn)
-            self.txn = Txn(lsn, ts + PG_EPOCH_US)
-            return
-        if first == 0x43 and len(payload) == 26:  # Commit: no event made either
-            _flags, lsn, end, ts = _COMMIT(payload, 1)
-            self._commit(lsn, end, ts + PG_EPOCH_US)
-            return
-        if first in _ROW_TAGS and len(payload) > 5:
+        if first in _ROW_TAGS and len(payload) > 5:  # most messages are row changes
             # A row of a relation seen before, text and NULL cells only (nearly all):
             # read straight into its Op's bytes (_pgwire.py), no event made.
             (oid,) = _U32(payload, 1)
@@ -252,8 +241,20 @@ class Session(Confirming):
                     if targets:
                         self._add(r, r.shape, targets, op, first == 0x49)
                     return
+        elif first == 0x42 and len(payload) == 21:  # Begin: no event made either
+            lsn, ts, _xid = _BEGIN(payload, 1)
+            if self.pending is not None or self.cap._marks:
+                if self.queued:
+                    self._drain()  # a crossing appends, a mark reads the heads
+                self._cross(lsn)
+            self.txn = Txn(lsn, ts + PG_EPOCH_US)
+            return
+        elif first == 0x43 and len(payload) == 26:  # Commit: no event made either
+            _flags, lsn, end, ts = _COMMIT(payload, 1)
+            self._commit(lsn, end, ts + PG_EPOCH_US)
+            return
         event = parse_pgoutput(payload)
-        if isinstance(event, _ROWS):  # most messages are row changes
+        if isinstance(event, _ROWS):
             self._change(event)
         elif event is not None:
             self._event(event)
@@ -395,16 +396,28 @@ class Session(Confirming):
         inserting: bool,
     ) -> None:
         """Hold the row change ``op`` (a serialized Op) for each of ``targets``."""
-        self.cap.changes += 1
+        cap = self.cap
+        cap.changes += 1
         size = len(op) + 6  # with its tag and length in the entry (an Op's ByteSize + 6)
         txn = self.txn
         assert txn is not None
+        sizes = txn.sizes
         for ps, tab in targets:
-            if self._room(ps, op, size, shape.key_idx):
-                self._ops(ps, tab, shape).append(op)
-                txn.sizes[ps.pub.name] += size
-                if inserting:
-                    txn.inserted.setdefault(ps.pub.name, {})[r.name] = None
+            name = ps.pub.name
+            # Room made (a fragment sent, or the publication refused) only near the limit.
+            held = sizes.get(name, 0)
+            if held + size > cap.max_entry_bytes and not self._room(ps, op, size, shape.key_idx):
+                continue
+            if tab.seen is shape and tab.logged is tab.seen_schema:
+                ops = txn.ops.get(name)  # the shape of the last row, its schema logged
+                if ops is None:
+                    ops = txn.ops[name] = []
+            else:
+                ops = self._ops(ps, tab, shape)
+            ops.append(op)
+            sizes[name] = sizes.get(name, 0) + size
+            if inserting:
+                txn.inserted.setdefault(name, {})[r.name] = None
 
     def _room(
         self, ps: PubState, op: pb.RowChange | bytes, size: int, key_idx: Sequence[int]
