@@ -243,6 +243,7 @@ class Session(Confirming):
                     return
         elif first == 0x42 and len(payload) == 21:  # Begin: no event made either
             lsn, ts, _xid = _BEGIN(payload, 1)
+            # _cross does nothing without a pending snapshot or a mark: not called then
             if self.pending is not None or self.cap._marks:
                 if self.queued:
                     self._drain()  # a crossing appends, a mark reads the heads
