@@ -9,9 +9,10 @@ tests: they measure, and never fail on a number.
     python -m tests.bench log w1          # only bench_log and bench_w1
     python -m tests.bench snapshot        # snapshot load into PostgreSQL beside native sync
     python -m tests.bench pg_capture      # PostgreSQL capture: catch-up, decode, snapshot
+    python -m tests.bench pg_sync         # PostgreSQL capture thread's CPU per txn in sync
 
-Modules: backlog, big_txn, cluster, conflicts, fanout, feed_cpu, log, memory, pg_capture, snapshot,
-sqlite_capture, startup, sub_cpu, w1
+Modules: backlog, big_txn, cluster, conflicts, fanout, feed_cpu, log, memory, pg_capture, pg_sync,
+snapshot, sqlite_capture, startup, sub_cpu, w1
 (docs/benchmarks.md has the latest figures of each, with the command and the date;
 conflicts: docs/conflicts.md).
 """
