@@ -13,6 +13,11 @@ from tests.support.pg_capture import capturing, execute, open_pub, read_entries,
 
 pytestmark = pytest.mark.postgres
 
+SCHEMA = (
+    "CREATE TABLE x(id int PRIMARY KEY, v int)",
+    "CREATE TABLE y(id int PRIMARY KEY, n int)",
+    "INSERT INTO y VALUES (1, 0)",
+)
 BACKLOG_ROWS = 100_000  # one transaction: the walsender is still decoding it when y changes
 
 
@@ -36,14 +41,9 @@ def test_a_change_right_after_a_snapshot_point_read_in_a_backlog_is_not_lost(
     a change to it committed just after that, read back to back with the backlog before
     it (no pause in the stream where the snapshot could be logged), still reaches the
     log: the table's rows in the log end as the source's, none lost or doubled."""
-    execute(
-        pg_db,
-        "CREATE TABLE x(id int PRIMARY KEY, v int)",
-        "CREATE TABLE y(id int PRIMARY KEY, n int)",
-        "INSERT INTO y VALUES (1, 0)",
-    )
+    execute(pg_db, *SCHEMA)
     pub = open_pub(tmp_path, "p1", ["x"])
-    with capturing(pg_db, [pub]) as run:
+    with capturing(pg_db, [pub]) as run:  # x captured, y not yet published
         execute(pg_db, "INSERT INTO x VALUES (0, 0)")
         run.wait_heads({"p1": 2})
     execute(pg_db, f"INSERT INTO x SELECT g, g FROM generate_series(1, {BACKLOG_ROWS}) g")
