@@ -46,8 +46,19 @@ primitives)::
                                                      an empty message)
                62 len UTF-8          JSON
 
-The zigzag types are set on a Value the column keeps and serialized by upb (0.27 us
-against 0.44-0.86 for a varint written in Python); the others are written here.
+A cell is read from the message's bytes, not a decoded str, and each column's
+function returns its Value already framed (``22 len Value``; a key's ``1a`` is put
+in place of the ``22``): a text is its bytes once they are valid UTF-8 (decoding and
+encoding again gives them back; ASCII needs no decoding), an integer is ``int()`` of
+the bytes (it reads ASCII as it reads the str, and refuses the rest, which
+``to_value`` then reads), zigzagged and looked up whole below 2**14 (every W1 account
+id) or by its low 14 bits and the rest below 2**28, and a numeric(p, s) text already
+in ``decimal_text``'s form (``_decimal`` has the bounds) is its bytes; the other
+types decode the text and read it with ``_pgtypes``.  The events' path encodes its
+str and goes through the same functions: one rule.  W1's row messages 5.9 -> 4.1 us
+each (docs/performance.md).  The date and time types are set on a Value the column
+keeps and serialized by upb (0.27 us against 0.44-0.86 for a varint written in
+Python).
 A Value is a oneof: its member is written even when it holds its type's zero
 (``Value(int=0)`` is ``10 00``), unlike the plain fields of RowChange and
 TimestampTz.  A text whose reading fails (``infinity``, BC dates, ``24:00:00``,
@@ -58,8 +69,9 @@ keeps Values of its own: it is used by the one capture thread.
 
 from __future__ import annotations
 
+import re
 import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from common.rpc import txrepl_pb2 as pb
 from publisher.capture.postgres._pgoutput import Datum
@@ -80,6 +92,7 @@ from publisher.capture.protowire import (
     BOOLEAN_TAG,
     DECIMAL_TAG,
     FLOAT_TAG,
+    INT_TAG,
     JSON_TAG,
     NULL,
     SMALL,
@@ -98,6 +111,7 @@ _TRUE, _FALSE = BOOLEAN_TAG + b"\x01", BOOLEAN_TAG + b"\x00"
 _KEY, _ROW = b"\x1a", b"\x22"  # RowChange.key, RowChange.row
 
 Wire = Callable[[str], bytes]
+Cell = Callable[[bytes], bytes]  # a cell's text output, as sent -> ``22 len Value``
 
 
 def _kept(m: pb.Value, field: str, read: Callable[[str], int]) -> Wire:
@@ -118,20 +132,14 @@ _ZIGZAG: dict[int, tuple[str, Callable[[str], int]]] = {
 
 
 def _fast(ctype: int, scale: int) -> Wire:
-    """text output -> the Value's bytes (raising as the reading of ``_pgtypes`` does).
+    """text output -> the Value's bytes (raising as the reading of ``_pgtypes`` does),
+    for the types :func:`_cell` reads through their decoded text.
 
     The varint types set a Value kept for the column and let upb serialize it: faster
     than a varint written in Python (0.27 against 0.44-0.86 us), and the same bytes
-    as ``to_value``'s (a value outside 64 bits raises ValueError there as here).
+    as ``to_value``'s.
     """
     m = pb.Value()
-    if ctype == T.COLUMN_TYPE_INTEGER:
-
-        def integer(s: str) -> bytes:
-            m.int = int(s)
-            return m.SerializeToString()
-
-        return integer
     if ctype == T.COLUMN_TYPE_DECIMAL:
         quantum = quantum_of(scale)
         return lambda s: length(DECIMAL_TAG, decimal_text(s, quantum).encode())
@@ -143,47 +151,188 @@ def _fast(ctype: int, scale: int) -> Wire:
         return lambda s: _TRUE if boolean(s) else _FALSE
     if ctype in _ZIGZAG:
         return _kept(m, *_ZIGZAG[ctype])
-    if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
-        tz = m.timestamptz  # offset_s stays 0
+    raise AssertionError(ctype)  # integers and texts are read as bytes (_cell)
 
-        def timestamptz(s: str) -> bytes:
+
+def _row(v: bytes) -> bytes:
+    """A Value's bytes framed as ``RowChange.row`` (``22 len Value``)."""
+    n = len(v)
+    return _ROW + (SMALL[n] if n < 128 else varint(n)) + v
+
+
+_ROW_NULL = _row(NULL)
+# An integer's framed Value by its zigzag z: whole below 2**14, else the varint's low
+# 14 bits (two bytes, continued) and the rest below 2**14 (one or two bytes).
+_INT_SMALL = [_row(INT_TAG + varint(z)) for z in range(1 << 14)]
+_VAR14 = [varint(z) for z in range(1 << 14)]
+_LOW14 = [bytes((z & 0x7F | 0x80, z >> 7 | 0x80)) for z in range(1 << 14)]
+_INT3, _INT4 = _ROW + b"\x04" + INT_TAG, _ROW + b"\x05" + INT_TAG
+# A text of n < 126 bytes framed: 22 (n + 2) 2a n, then the text.
+_TEXT_HEAD = [_ROW + SMALL[n + 2] + TEXT_TAG + SMALL[n] for n in range(126)]
+_JSON_HEAD = [_ROW + SMALL[n + 2] + JSON_TAG + SMALL[n] for n in range(126)]
+_DECIMAL_HEAD = [_ROW + SMALL[n + 2] + DECIMAL_TAG + SMALL[n] for n in range(31)]
+
+
+def _carried(info: TypeInfo) -> Cell:
+    """``to_value``'s reading of a text the fast form refused (the rule, not a copy):
+    UTF-8 checked as the parser does (UnicodeDecodeError: the message is refused)."""
+
+    def carried(raw: bytes) -> bytes:
+        return _row(to_value(raw.decode("utf-8"), info).SerializeToString())
+
+    return carried
+
+
+def _integer(info: TypeInfo) -> Cell:
+    """``int()`` reads the bytes as it reads their text (ASCII digits, sign, blanks,
+    underscores; anything else raises, and the text is then read by ``to_value``)."""
+    m = pb.Value()
+    carried = _carried(info)
+
+    def integer(raw: bytes) -> bytes:
+        try:
+            n = int(raw)
+        except ValueError:
+            return carried(raw)
+        z = n << 1 if n >= 0 else ~(n << 1)  # zigzag
+        if z < 16_384:
+            return _INT_SMALL[z]
+        if z < 1 << 28:
+            high = z >> 14
+            return (_INT3 if high < 128 else _INT4) + _LOW14[z & 0x3FFF] + _VAR14[high]
+        try:
+            m.int = n  # upb: past 64 bits raises ValueError
+        except ValueError:
+            return carried(raw)
+        return _row(m.SerializeToString())
+
+    return integer
+
+
+def _text(heads: list[bytes], tag: bytes) -> Cell:
+    """A text carried as its bytes: valid UTF-8 is what decoding and encoding again
+    gives back (the check the parser makes; ASCII needs no decoding)."""
+
+    def text(raw: bytes) -> bytes:
+        if not raw.isascii():
+            raw.decode("utf-8")  # raises where the parser refuses the message
+        n = len(raw)
+        if n < 126:
+            return heads[n] + raw
+        return _row(tag + varint(n) + raw)
+
+    return text
+
+
+def _decimal(info: TypeInfo, fast: Wire) -> Cell:
+    """numeric(p, s) for 0 < s <= 6: a text of exactly s decimals, no leading zero and
+    at most 28 digits is what ``decimal_text`` gives back (quantize changes nothing at
+    that exponent and cannot overflow the 28-digit context; ``str`` writes an exponent
+    of -6 or more plainly).  Any other text is read by it."""
+    read = _as_text(fast, info)
+    scale = info.scale
+    match = re.compile(rb"-?(?:0|[1-9][0-9]{0,%d})\.[0-9]{%d}" % (27 - scale, scale)).fullmatch
+
+    def dec(raw: bytes) -> bytes:
+        if match(raw) is None:
+            return read(raw)
+        return _DECIMAL_HEAD[len(raw)] + raw  # at most 30 bytes
+
+    return dec if 0 < info.scale <= 6 else read
+
+
+def _as_text(fast: Wire, info: TypeInfo) -> Cell:
+    """The other types: the text decoded (UTF-8 checked) and read by ``_pgtypes``."""
+
+    def read(raw: bytes) -> bytes:
+        s = raw.decode("utf-8")
+        try:
+            return _row(fast(s))
+        except _FALLBACK:
+            return _row(to_value(s, info).SerializeToString())
+
+    return read
+
+
+def _timestamptz(info: TypeInfo) -> Cell:
+    """``_as_text`` and ``_fast`` in one call for the commonest time column (every W1
+    account update): the instant set on a Value the column keeps (offset_s stays 0),
+    serialized by upb; a Value under 128 bytes."""
+    m = pb.Value()
+    tz = m.timestamptz
+
+    def timestamptz(raw: bytes) -> bytes:
+        s = raw.decode("utf-8")
+        try:
             tz.utc_us = timestamptz_us(s)
-            return m.SerializeToString()
+        except _FALLBACK:
+            return _row(to_value(s, info).SerializeToString())
+        v = m.SerializeToString()
+        return _ROW + SMALL[len(v)] + v
 
-        return timestamptz
+    return timestamptz
+
+
+def _cell(info: TypeInfo) -> Cell:
+    """A column's ``raw -> 22 len to_value(raw.decode(), info).SerializeToString()``."""
+    ctype = int(info.ctype)
+    if ctype == T.COLUMN_TYPE_INTEGER:
+        return _integer(info)
     if ctype == T.COLUMN_TYPE_JSON:
-        return lambda s: length(JSON_TAG, s.encode())
-    return lambda s: length(TEXT_TAG, s.encode())
+        return _text(_JSON_HEAD, JSON_TAG)
+    if ctype == T.COLUMN_TYPE_TIMESTAMPTZ:
+        return _timestamptz(info)
+    if ctype in _READ:
+        fast = _fast(ctype, info.scale)
+        if ctype == T.COLUMN_TYPE_DECIMAL:
+            return _decimal(info, fast)
+        return _as_text(fast, info)
+    return _text(_TEXT_HEAD, TEXT_TAG)
+
+
+_READ = frozenset(
+    int(t)
+    for t in (
+        T.COLUMN_TYPE_DECIMAL,
+        T.COLUMN_TYPE_FLOAT,
+        T.COLUMN_TYPE_BYTES,
+        T.COLUMN_TYPE_BOOLEAN,
+        T.COLUMN_TYPE_DATE,
+        T.COLUMN_TYPE_TIME,
+        T.COLUMN_TYPE_TIMESTAMP,
+    )
+)
 
 
 def value_wire(info: TypeInfo) -> Callable[[Datum], bytes]:
     """A column's ``d -> to_value(d, info).SerializeToString()`` (None: NULL)."""
-    return _wire(_fast(int(info.ctype), info.scale), info)
+    wire = _wire(_cell(info), info)
+
+    def value(d: Datum) -> bytes:
+        framed = wire(d)
+        i = 1
+        while framed[i] & 0x80:  # past the length's varint
+            i += 1
+        return framed[i + 1 :]
+
+    return value
 
 
-def _wire(fast: Wire, info: TypeInfo) -> Callable[[Datum], bytes]:
+def _wire(cell: Cell, info: TypeInfo) -> Callable[[Datum], bytes]:
+    """A parsed event's datum -> its framed Value (``22 len Value``)."""
+
     def wire(d: Datum) -> bytes:
         if d.__class__ is str:
             try:
-                return fast(d)
-            except _FALLBACK:
-                return to_value(d, info).SerializeToString()
+                raw = d.encode()
+            except UnicodeEncodeError:  # a lone surrogate (wal2json's escapes)
+                return _row(to_value(d, info).SerializeToString())
+            return cell(raw)
         if d is None:
-            return NULL
+            return _ROW_NULL
         raise SourceError("unchanged TOAST value where a full value is needed")
 
     return wire
-
-
-def _values(
-    tag: bytes, wires: Iterable[Callable[[Datum], bytes]], datums: Iterable[Datum]
-) -> list[bytes]:
-    out = []
-    for wire, d in zip(wires, datums, strict=True):
-        v = wire(d)
-        n = len(v)
-        out.append(tag + (SMALL[n] if n < 128 else varint(n)) + v)
-    return out
 
 
 _I16 = struct.Struct(">h").unpack_from
@@ -191,20 +340,13 @@ _I32 = struct.Struct(">i").unpack_from
 _BAD = (struct.error, IndexError, UnicodeDecodeError)  # a message the parser refuses
 
 
-def _skip(s: str) -> bytes:
-    return b""  # a column of an old row that is not in the key: read, not written
-
-
-Cells = tuple[tuple[Wire, TypeInfo], ...]  # each column's fast function and its type
-
-
-def _image(buf: bytes, pos: int, cells: Cells) -> tuple[list[bytes], int] | None:
+def _image(buf: bytes, pos: int, cells: tuple[Cell | None, ...]) -> tuple[list[bytes], int] | None:
     """The TupleData at ``pos`` read straight into Values framed as ``RowChange.row``
     (``22 len Value``), and the position after it; None for anything but text and
     NULL cells, exactly ``len(cells)`` of them (the generic path then reads it, and
     refuses it or handles the unchanged TOAST values).  Raises one of ``_BAD`` where
-    ``parse_pgoutput`` would refuse the message.  Each text goes as ``value_wire``
-    takes it, inline: a call less per cell."""
+    ``parse_pgoutput`` would refuse the message.  A column whose cell is None (an old
+    row's column outside the key) is UTF-8 checked and not written."""
     (n,) = _I16(buf, pos)
     if n != len(cells):
         return None
@@ -212,26 +354,25 @@ def _image(buf: bytes, pos: int, cells: Cells) -> tuple[list[bytes], int] | None
     end = len(buf)
     out: list[bytes] = []
     append = out.append
-    for fast, info in cells:
+    for cell in cells:
         kind = buf[pos]
         if kind == 0x74:  # 't'
             (size,) = _I32(buf, pos + 1)
             pos += 5
             if size < 0 or pos + size > end:
                 return None
-            text = buf[pos : pos + size].decode("utf-8")
-            try:
-                v = fast(text)
-            except _FALLBACK:
-                v = to_value(text, info).SerializeToString()
+            raw = buf[pos : pos + size]
             pos += size
+            if cell is not None:
+                append(cell(raw))
+            elif not raw.isascii():
+                raw.decode("utf-8")  # checked as the parser does
         elif kind == 0x6E:  # 'n'
-            v = NULL
             pos += 1
+            if cell is not None:
+                append(_ROW_NULL)
         else:
             return None
-        m = len(v)
-        append(_ROW + (SMALL[m] if m < 128 else varint(m)) + v)
     return out, pos
 
 
@@ -239,35 +380,35 @@ class RowWriter:
     """One relation's row changes as serialized ``Op`` messages: from the events'
     tuples, or (:meth:`from_message`) straight from a pgoutput row message."""
 
-    __slots__ = ("_cells", "_delete", "_insert", "_key", "_old", "_update", "_wires")
+    __slots__ = ("_cells", "_delete", "_insert", "_key", "_key_at", "_old", "_update", "_wires")
 
     def __init__(self, table: str, infos: Sequence[TypeInfo], key_idx: Sequence[int]) -> None:
         name = length(b"\x0a", table.encode()) if table else b""
         self._insert = name + b"\x10" + varint(pb.ROW_OP_INSERT)
         self._update = name + b"\x10" + varint(pb.ROW_OP_UPDATE)
         self._delete = name + b"\x10" + varint(pb.ROW_OP_DELETE)
-        fasts = [_fast(int(i.ctype), i.scale) for i in infos]
-        self._wires = tuple(_wire(f, i) for f, i in zip(fasts, infos, strict=True))
-        self._cells: Cells = tuple(zip(fasts, infos, strict=True))
+        self._cells = tuple(_cell(i) for i in infos)
+        self._wires = tuple(_wire(c, i) for c, i in zip(self._cells, infos, strict=True))
         self._key = tuple(key_idx)
-        keys = set(self._key)
-        self._old: Cells = tuple(
-            c if n in keys else (_skip, c[1]) for n, c in enumerate(self._cells)
-        )
+        kept = sorted(set(self._key))
+        # an old row's image holds the key's columns only, in column order
+        self._old = tuple(c if n in kept else None for n, c in enumerate(self._cells))
+        self._key_at = tuple(kept.index(k) for k in self._key)
 
     def _keys(self, image: Sequence[Datum]) -> list[bytes]:
         wires = self._wires
-        return _values(_KEY, (wires[k] for k in self._key), (image[k] for k in self._key))
+        return [_KEY + wires[k](image[k])[1:] for k in self._key]
+
+    def _row(self, new: Sequence[Datum]) -> bytes:
+        return b"".join([w(d) for w, d in zip(self._wires, new, strict=True)])
 
     def insert(self, new: Sequence[Datum]) -> bytes:
-        body = b"".join(_values(_ROW, self._wires, new))
-        return length(b"\x0a", self._insert + body)
+        return length(b"\x0a", self._insert + self._row(new))
 
     def update(self, key_image: Sequence[Datum], new: Sequence[Datum]) -> bytes:
         """``key_image``: the old row when the stream sent one, else the new row."""
-        parts = self._keys(key_image)
-        parts.extend(_values(_ROW, self._wires, new))
-        return length(b"\x0a", self._update + b"".join(parts))
+        keys = b"".join(self._keys(key_image))
+        return length(b"\x0a", self._update + keys + self._row(new))
 
     def delete(self, old: Sequence[Datum]) -> bytes:
         return length(b"\x0a", self._delete + b"".join(self._keys(old)))
@@ -293,8 +434,8 @@ class RowWriter:
                 got = _image(buf, 6, self._old)
                 if got is None:
                     return None
-                old, pos = got
-                old = [_KEY + old[k][1:] for k in self._key]
+                kept, pos = got
+                old = [_KEY + kept[i][1:] for i in self._key_at]
                 if tag == 0x44:  # 'D'
                     return length(b"\x0a", self._delete + b"".join(old))
                 kind = buf[pos]

@@ -119,6 +119,30 @@ def test_values_are_the_bytes_of_to_value(info: TypeInfo) -> None:
         wire(UNCHANGED)
 
 
+def test_integers_and_canonical_decimals_read_as_bytes_are_the_objects_bytes() -> None:
+    """The forms read straight from the message's bytes (integers by their zigzag,
+    numeric(p, s) texts already as ``decimal_text`` writes them) hold at their bounds:
+    every zigzag length, 28 and 29 digits, scales 1 to 8, leading zeros, and texts one
+    step outside each form, against the objects."""
+    ints = [0, 1, -1]
+    for bits in (6, 7, 13, 14, 20, 21, 27, 28, 62, 63, 64):
+        for n in (2**bits - 1, 2**bits, 2**bits + 1):
+            ints += [n // 2, -(n // 2), n, -n]
+    texts = [str(n) for n in ints] + [" 7", "+7", "1_000", "07", "٣", "", "-"]
+    for info in (TypeInfo(T.COLUMN_TYPE_INTEGER, 0, 0, "bigint"),):
+        for text in texts:
+            assert value_wire(info)(text) == _oracle(text, info), text
+    for scale in range(0, 9):
+        info = TypeInfo(T.COLUMN_TYPE_DECIMAL, 30, scale, "numeric")
+        decimals = ["", "0" * scale, "1" * scale, "9" * scale, "0" * (scale - 1) + "1"]
+        texts = ["0.00", "-0.00", "00.50", "0.5", "1.", ".5", "1e2", "NaN", "٣.00"]
+        for integer in ("0", "1", "-0", "-1", "10", "007", "9" * (28 - scale), "9" * (29 - scale)):
+            for frac in decimals:
+                texts += [f"{integer}.{frac}", f"{integer}.{frac}0", integer]
+        for text in texts:
+            assert value_wire(info)(text) == _oracle(text, info), (scale, text)
+
+
 def _row_op(
     table: str,
     op: int,
