@@ -352,6 +352,7 @@ class SubscriptionRunner:
                     stream,
                     on_in_sync=lambda: self._at_head(batcher),
                     stages=self.stages,
+                    scheduled=self.schedule.enabled,
                 )
                 applier = asyncio.create_task(pipeline.run())
                 try:

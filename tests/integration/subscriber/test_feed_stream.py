@@ -2,7 +2,8 @@
 
 In process: the real FeedManager behind a real gRPC server on port 0
 (tests/support/feedserver.py), the subscriber's own FeedStream and Batcher reading
-from it; an apply stands in as a task that takes the batcher's batches.
+from it; an apply stands in as a task that takes the batcher's batches (in a thread,
+as the session's apply thread does).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ async def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) ->
 
 class Session:
     """A FeedStream in session with its receive loop into a Batcher; ``taken`` gets
-    what the stand-in apply gathered, once ``release`` is set."""
+    what the stand-in apply took, once ``release`` is set."""
 
     def __init__(self, stream: FeedStream, state: SubscriptionState, batcher: Batcher) -> None:
         self.stream, self.state, self.batcher = stream, state, batcher
@@ -79,7 +80,7 @@ class Session:
     async def apply(self) -> None:
         while True:
             await self.release.wait()
-            got = await self.batcher.gather()
+            got = await asyncio.to_thread(self.batcher.take)  # as the apply thread does
             if got is None:
                 return
             first, payloads, _, _ = got
