@@ -3,12 +3,15 @@
 Two threads (issue 23): the event loop's receive loop puts (:meth:`Batcher.put`,
 a coroutine), the session's apply thread takes (:meth:`Batcher.take`, blocking),
 so the loop is not woken to hand each batch over.  One lock covers every field
-both sides touch; a take that finds nothing waits on its condition, which a put
-signals (one futex wake, only when the apply thread is idle); a put that finds the
-queue full waits on a future of the loop's that a take resolves through
+both sides touch; a take that finds nothing marks itself idle and waits for the
+bell (a ``SimpleQueue``), which the next put, end or drop rings once, after
+releasing the lock (so the woken thread does not wait for it again); a put that
+finds the queue full waits on a future of the loop's that a take resolves through
 ``call_soon_threadsafe`` (only then: the loop hears of takes only when it waits
 for room).  Both waits are registered under the lock before it is released, so
-neither side misses the other's signal.
+neither side misses the other's signal, and the bell is rung only for a marked
+wait, so it never holds a stale ring.  One taker at a time (the apply thread, or
+the plan made ahead while the apply thread does not take).
 
 Back-pressure: received batches wait in a bounded queue (``queue_batches`` items,
 plus the one a full queue's put waits with, as before); the receive loop blocks on
@@ -65,6 +68,7 @@ enough to be an ``aborted`` mark.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 import time
 from collections import deque
@@ -111,7 +115,8 @@ class Batcher:
         self._interrupted = interrupted
         self._loop = asyncio.get_running_loop()
         self._lock = threading.Lock()
-        self._ready = threading.Condition(self._lock)  # something queued (the apply waits)
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung for an idle take
+        self._idle = False  # a take waits for the bell
         # Received items and the end mark (None); one more than queue_batches: the item
         # a full queue's put used to wait with (the module docstring).
         self._items: deque[Received | None] = deque()
@@ -151,26 +156,35 @@ class Batcher:
     ) -> asyncio.Future[None] | None:
         """Queue ``chunk`` (None), or the future a take resolves once there is room."""
         with self._lock:
-            last = self._last
-            if (
-                last is not None
-                and not last.taken
-                and len(last.entries) + len(chunk) <= self.room_entries
-                and last.size + size <= self.room_bytes
-            ):
-                # Not taken by the apply yet (under the lock): ride along.
-                last.entries.extend(chunk)
-                last.head = head
-                last.size += size
-                return None
-            items = self._items
-            if len(items) < self._capacity:
-                self._last = Received(first_seq, chunk, head, size=size)
-                items.append(self._last)
-                self._ready.notify()  # wakes the apply thread only if it waits
-                return None
-            room = self._room = self._loop.create_future()
-            return room
+            room = self._queued(first_seq, chunk, head, size)
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)  # wakes the apply thread: it waited for this
+        return room
+
+    def _queued(
+        self, first_seq: int, chunk: list[bytes], head: int, size: int
+    ) -> asyncio.Future[None] | None:
+        """:meth:`_queue` under the lock."""
+        last = self._last
+        if (
+            last is not None
+            and not last.taken
+            and len(last.entries) + len(chunk) <= self.room_entries
+            and last.size + size <= self.room_bytes
+        ):
+            # Not taken by the apply yet (under the lock): ride along.
+            last.entries.extend(chunk)
+            last.head = head
+            last.size += size
+            return None
+        items = self._items
+        if len(items) < self._capacity:
+            self._last = Received(first_seq, chunk, head, size=size)
+            items.append(self._last)
+            return None
+        room = self._room = self._loop.create_future()
+        return room
 
     async def _room_made(self, room: asyncio.Future[None], consumer: asyncio.Task[None]) -> bool:
         """Wait until a take made room; False if the apply ended first."""
@@ -277,9 +291,14 @@ class Batcher:
 
     def _next(self) -> Received | None:
         """The oldest item, waiting for one (the lock held); the end mark stays."""
-        items = self._items
+        items, lock = self._items, self._lock
         while not items:
-            self._ready.wait()
+            self._idle = True
+            lock.release()
+            try:
+                self._bell.get()
+            finally:
+                lock.acquire()
         if items[0] is None:
             return None
         return items.popleft()
@@ -300,7 +319,9 @@ class Batcher:
         """The apply returns once it reaches this point (a scheduled run is done)."""
         with self._lock:
             self._items.append(None)
-            self._ready.notify()
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)
 
     def drop(self) -> None:
         """Drop everything queued and end the apply: the next Hello resumes from the level."""
@@ -310,8 +331,10 @@ class Batcher:
             self._items.clear()
             self._items.append(None)
             self._last = None
-            self._ready.notify()
             self._made_room()
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:
