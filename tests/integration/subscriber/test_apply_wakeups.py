@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,18 +24,10 @@ from subscriber.apply.lazy import LazySpark
 from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.subscription import SubscriptionRunner
 from subscriber.targets.sqlite import SqliteWriter
+from tests.support.aiowait import until as _until
 from tests.support.feedserver import served_feeds
 
 N = 40
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        await asyncio.sleep(0.002)
 
 
 def _no_spark() -> Any:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.state import SubscriptionState
 from subscriber.stream import FeedStream
+from tests.support.aiowait import until as _until
 from tests.support.feedserver import ServedFeeds, served_feeds
 
 
@@ -55,16 +56,6 @@ def acks() -> Iterator[list[int]]:
 def _append(served: ServedFeeds[Registry], n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         served.pub.append(pb.Entry(ops=[insert_op("notes", [i, "x"])]))
-
-
-async def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    # A plain loop, no task (a test below counts the tasks made).
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        await asyncio.sleep(0.002)
 
 
 class Session:
