@@ -23,6 +23,10 @@ must act:
 * the end: :meth:`run` awaits one future that the thread settles when it
   returns, with its exception if an apply failed.
 
+The thread is the subscription's, kept between its sessions (a one-thread executor
+the runner owns, ``apply_thread``): whatever is kept per thread (the stage
+observations' cells, common/latency.py) does not grow with each reconnect.
+
 What the thread shares with the loop: the batcher (its own lock), the state's
 ``level`` / counters (written by this thread only, read by the loop's status),
 ``ending`` (set by the loop, read between batches), the stage observations and
@@ -65,7 +69,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import threading
 import time
 from collections.abc import Callable
 
@@ -106,6 +109,7 @@ class ApplyPipeline:
         stages: StageLatency | None = None,
         *,
         scheduled: bool = False,
+        apply_thread: concurrent.futures.ThreadPoolExecutor | None = None,
     ) -> None:
         self.stages = stages
         self.applier = applier
@@ -116,16 +120,21 @@ class ApplyPipeline:
         self.on_in_sync = on_in_sync  # True: the session ends (a scheduled run is done)
         self.scheduled = scheduled  # on_in_sync may end the session: ask it at each head
         self.ending = False  # the session is ending: stop between batches
+        # One worker, the subscription's (the module docstring); else one of this run's.
+        self.apply_thread = apply_thread
 
     async def run(self) -> None:
         """Apply batches until the batcher ends the session (or an apply fails)."""
         loop = asyncio.get_running_loop()
         acks = DurableAcks(self.applier, self.stream, self.state.level)
         finished: asyncio.Future[None] = loop.create_future()
-        thread = threading.Thread(
-            target=self._thread, args=(loop, finished, acks), name=f"apply {self.state.name}"
-        )
-        thread.start()
+        own = None
+        worker = self.apply_thread
+        if worker is None:
+            worker = own = concurrent.futures.ThreadPoolExecutor(
+                1, thread_name_prefix=f"apply {self.state.name}"
+            )
+        worker.submit(self._thread, loop, finished, acks)
         try:
             await asyncio.shield(finished)
         finally:
@@ -138,6 +147,8 @@ class ApplyPipeline:
                     if not finished.cancelled():
                         finished.exception()  # retrieved: the cancellation goes up instead
             finally:
+                if own is not None:
+                    own.shutdown(wait=False)  # its thread ends once _thread returned
                 await acks.close()  # levels still waiting for the target's flush: not acked
                 # Acks are coalesced (subscriber/stream.py): the last level goes out now.
                 await self.stream.flush_acks()
