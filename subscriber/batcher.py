@@ -1,28 +1,42 @@
 """Between the stream and the apply: a bounded queue that coalesces batches.
 
-Back-pressure: received batches wait in a bounded queue (``queue_batches``);
-the receive loop blocks on a full queue (:meth:`Batcher.put`) and stops reading
-the stream, so a slow apply shows at the publisher as a slow feed, never as
-memory growth here.
+Two threads (issue 23): the event loop's receive loop puts (:meth:`Batcher.put`,
+a coroutine), the session's apply thread takes (:meth:`Batcher.take`, blocking),
+so the loop is not woken to hand each batch over.  One lock covers every field
+both sides touch; a take that finds nothing marks itself idle and waits for the
+bell (a ``SimpleQueue``), which the next put, end or drop rings once, after
+releasing the lock (so the woken thread does not wait for it again); a put that
+finds the queue full waits on a future of the loop's that a take resolves through
+``call_soon_threadsafe`` (only then: the loop hears of takes only when it waits
+for room).  Both waits are registered under the lock before it is released, so
+neither side misses the other's signal, and the bell is rung only for a marked
+wait, so it never holds a stale ring.  One taker at a time (the apply thread, or
+the plan made ahead while the apply thread does not take).
+
+Back-pressure: received batches wait in a bounded queue (``queue_batches`` items,
+plus the one a full queue's put waits with, as before); the receive loop blocks on
+a full queue and stops reading the stream, so a slow apply shows at the publisher
+as a slow feed, never as memory growth here.
 
 Coalescing: a batch that arrives while the previous one has not been taken by
-the apply yet (waiting for room in the queue, or queued) joins it (consecutive
-seqs), up to 1/``queue_batches`` of the batch limits (``max_entries``,
-``max_bytes``); only a full queue blocks the reading.  In sync the publisher
-sends entries one by one as they commit, so without this an apply would get at
-most ``queue_batches`` entries and fall behind a busy source however large
-``max_entries`` is.
+the apply yet (queued) joins it (consecutive seqs), up to 1/``queue_batches`` of
+the batch limits (``max_entries``, ``max_bytes``); only a full queue blocks the
+reading.  In sync the publisher sends entries one by one as they commit, so
+without this an apply would get at most ``queue_batches`` entries and fall behind
+a busy source however large ``max_entries`` is.  ``taken`` is set under the lock,
+so a put never extends an item the apply already holds.
 
 Memory: stays bounded by the same limits: the queue holds at most
-``queue_batches`` items of at most ``max_entries / queue_batches`` entries and
-``max_bytes / queue_batches`` bytes each (a larger incoming batch is queued in
-pieces), plus the one item waiting for room: about ``max_bytes`` in all.
+``queue_batches`` + 1 items of at most ``max_entries / queue_batches`` entries
+and ``max_bytes / queue_batches`` bytes each (a larger incoming batch is queued in
+pieces): about ``max_bytes`` in all.
 
-The apply takes work with :meth:`Batcher.gather`: everything that arrived while
-the last apply ran, up to ``max_entries`` / ``max_bytes``.  ``None`` in the
-queue ends the session (:meth:`end`, :meth:`drop`).
+The apply takes work with :meth:`Batcher.take`: everything that arrived while
+the last apply ran, up to ``max_entries`` / ``max_bytes``.  The end mark (``None``
+in the queue: :meth:`end`, :meth:`drop`) stays where it is once reached, so every
+later take returns ``None`` too (a plan made ahead that met it, then the apply).
 
-Natural batching (issue 23): ``gather`` never waits for more than what is
+Natural batching (issue 23): ``take`` never waits for more than what is
 there.  An idle apply takes an entry the moment it is queued (one entry, one
 target transaction, no timer); entries that arrive while an apply runs join
 the newest untaken item (above) and go, all together, into the next apply.  So
@@ -34,7 +48,7 @@ in-sync entry for the sake of larger transactions that the load makes anyway
 
 Groups (``common/fragments.py``, rule S1): a batch ends only at a group's end,
 so the level it commits never points inside a source transaction.  What
-follows the last group end of a gathered batch is carried over to the next
+follows the last group end of a taken batch is carried over to the next
 (``_carry``, taken first).  A group larger than the limits on its own is
 handed out in pieces within the limits, each but its last marked *open*: the
 apply writes them into one target transaction held open until the group's
@@ -54,8 +68,10 @@ enough to be an ``aborted`` mark.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import queue
+import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +89,8 @@ __all__ = ["PIECE_BYTES", "Batcher", "Received"]
 # publisher/capture/sqlite/source.py) is applied while the publisher still builds it.
 PIECE_BYTES = 1024 * 1024
 
+Taken = tuple[int, list[bytes], int, bool]
+
 
 @dataclass
 class Received:
@@ -83,11 +101,11 @@ class Received:
     head: int
     received_at: float = field(default_factory=time.monotonic)
     size: int = 0  # bytes of the entries
-    taken: bool = False  # by the apply loop: nothing may join it any more
+    taken: bool = False  # by the apply: nothing may join it any more
 
 
 class Batcher:
-    """One session's queue from the receive loop (one writer) to the apply (one reader)."""
+    """One session's queue from the receive loop (the event loop) to the apply thread."""
 
     def __init__(
         self, batch: BatchConfig, state: SubscriptionState, interrupted: asyncio.Event
@@ -95,16 +113,23 @@ class Batcher:
         self.batch = batch
         self.state = state
         self._interrupted = interrupted
-        self.queue: asyncio.Queue[Received | None] = asyncio.Queue(batch.queue_batches)
+        self._loop = asyncio.get_running_loop()
+        self._lock = threading.Lock()
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung for an idle take
+        self._idle = False  # a take waits for the bell
+        # Received items and the end mark (None); one more than queue_batches: the item
+        # a full queue's put used to wait with (the module docstring).
+        self._items: deque[Received | None] = deque()
+        self._capacity = batch.queue_batches + 1
+        self._room: asyncio.Future[None] | None = None  # a put waiting for room
         self.room_entries = max(1, batch.max_entries // batch.queue_batches)
         self.room_bytes = max(1, batch.max_bytes // batch.queue_batches)
-        self._last: Received | None = None  # the newest item, queued or waiting for room
-        self._put: asyncio.Future[None] | None = None
+        self._last: Received | None = None  # the newest item queued
         self._carry: Received | None = None  # entries after the last group end of a batch
         self._group_start: int | None = None  # of a group handed out in pieces, still open
-        self.received_at = time.monotonic()  # of the oldest part of the last gathered batch
+        self.received_at = time.monotonic()  # of the oldest part of the last taken batch
 
-    # -- the receive side ----------------------------------------------------------
+    # -- the receive side (the event loop) ---------------------------------------------
 
     async def put(
         self, first_seq: int, payloads: Sequence[bytes], head: int, consumer: asyncio.Task[None]
@@ -121,58 +146,78 @@ class Batcher:
         for i in range(0, len(payloads), room):
             chunk = payloads[i : i + room]
             size = sum(map(len, chunk))
-            last = self._last
-            if (
-                last is not None
-                and not last.taken
-                and len(last.entries) + len(chunk) <= room
-                and last.size + size <= self.room_bytes
-            ):
-                # Not taken by the apply yet: ride along (single threaded, so the
-                # apply cannot take it meanwhile).
-                last.entries.extend(chunk)
-                last.head = head
-                last.size += size
-                continue
-            if self._put is not None and not await self._put_done(self._put, consumer):
-                return False
-            self._last = Received(first_seq + i, chunk, head, size=size)
-            try:  # no task when there is room (the common case: one per received batch)
-                self.queue.put_nowait(self._last)
-                self._put = None
-            except asyncio.QueueFull:
-                self._put = asyncio.ensure_future(self.queue.put(self._last))
+            while (wait := self._queue(first_seq + i, chunk, head, size)) is not None:
+                if not await self._room_made(wait, consumer):
+                    return False
         return True
 
-    async def _put_done(self, put: asyncio.Future[None], consumer: asyncio.Task[None]) -> bool:
-        """Wait until ``put`` has queued its item; False if the apply ended first."""
-        if put.done():
-            return True
+    def _queue(
+        self, first_seq: int, chunk: list[bytes], head: int, size: int
+    ) -> asyncio.Future[None] | None:
+        """Queue ``chunk`` (None), or the future a take resolves once there is room."""
+        with self._lock:
+            room = self._queued(first_seq, chunk, head, size)
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)  # wakes the apply thread: it waited for this
+        return room
+
+    def _queued(
+        self, first_seq: int, chunk: list[bytes], head: int, size: int
+    ) -> asyncio.Future[None] | None:
+        """:meth:`_queue` under the lock."""
+        last = self._last
+        if (
+            last is not None
+            and not last.taken
+            and len(last.entries) + len(chunk) <= self.room_entries
+            and last.size + size <= self.room_bytes
+        ):
+            # Not taken by the apply yet (under the lock): ride along.
+            last.entries.extend(chunk)
+            last.head = head
+            last.size += size
+            return None
+        items = self._items
+        if len(items) < self._capacity:
+            self._last = Received(first_seq, chunk, head, size=size)
+            items.append(self._last)
+            return None
+        room = self._room = self._loop.create_future()
+        return room
+
+    async def _room_made(self, room: asyncio.Future[None], consumer: asyncio.Task[None]) -> bool:
+        """Wait until a take made room; False if the apply ended first."""
         intr = asyncio.ensure_future(self._interrupted.wait())
-        waits: set[asyncio.Future[Any]] = {put, consumer, intr}
+        waits: set[asyncio.Future[Any]] = {room, consumer, intr}
         try:
             done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             intr.cancel()
-        if put in done:
+        if room in done:
             return True
-        put.cancel()
+        with self._lock:
+            if self._room is room:
+                self._room = None
         if self._interrupted.is_set():
             raise Interrupted()
         return False
 
     def close(self) -> None:
         """The receive loop is ending: what was not queued is resent after the next Hello."""
-        if self._put is not None and not self._put.done():
-            self._put.cancel()
+        with self._lock:
+            room, self._room = self._room, None
+        if room is not None:
+            room.cancel()
 
-    # -- the apply side ------------------------------------------------------------
+    # -- the apply side (the apply thread) ---------------------------------------------
 
     def pending(self) -> bool:
-        return self._carry is not None or not self.queue.empty()
+        with self._lock:
+            return self._carry is not None or bool(self._items)
 
-    async def gather(self) -> tuple[int, list[bytes], int, bool] | None:
-        """The next batch to apply, or None once the session ends.
+    def take(self) -> Taken | None:
+        """The next batch to apply, or None once the session ends; blocks while empty.
 
         Returns (first seq, entries, bytes, open): ``open`` when the batch is a piece
         of a group over the limits that the next batch goes on with.
@@ -182,12 +227,19 @@ class Batcher:
         returns at once (no timer).  :attr:`received_at` is then the arrival
         time (``time.monotonic``) of the batch's oldest part.
         """
-        queue = self.queue
+        with self._lock:
+            try:
+                return self._take()
+            finally:
+                self._made_room()
+
+    def _take(self) -> Taken | None:
+        items, max_entries, max_bytes = self._items, self.batch.max_entries, self.batch.max_bytes
         item: Received | None
         if self._carry is not None:
             item, self._carry = self._carry, None
         else:
-            item = await queue.get()
+            item = self._next()
         if item is None:
             return None
         item.taken = True
@@ -195,26 +247,20 @@ class Batcher:
         first_seq = item.first_seq
         payloads = list(item.entries)
         size = item.size
-        while (
-            len(payloads) < self.batch.max_entries
-            and size < self.batch.max_bytes
-            and not queue.empty()
-        ):
-            nxt = queue.get_nowait()
-            if nxt is None:
-                queue.put_nowait(None)
-                break
+        while len(payloads) < max_entries and size < max_bytes and items and items[0] is not None:
+            nxt = items.popleft()
+            assert nxt is not None
             nxt.taken = True
             payloads.extend(nxt.entries)
             size += nxt.size
         cut = _group_cut(payloads)
-        while cut == 0 and len(payloads) < self.batch.max_entries and size < self.batch.max_bytes:
-            if size >= PIECE_BYTES and queue.empty():
+        while cut == 0 and len(payloads) < max_entries and size < max_bytes:
+            if size >= PIECE_BYTES and not items:
                 break  # a group still arriving: apply what is here while the rest comes
             # The first group is not all here yet: wait for more, up to the limits.
-            more = await queue.get()
+            self._made_room()
+            more = self._next()
             if more is None:
-                queue.put_nowait(None)
                 return None  # resent from the level (a group start) after the next Hello
             more.taken = True
             payloads.extend(more.entries)
@@ -243,24 +289,57 @@ class Batcher:
             first_seq = group_start
         return first_seq, _neutralized(payloads), size, False
 
+    def _next(self) -> Received | None:
+        """The oldest item, waiting for one (the lock held); the end mark stays."""
+        items, lock = self._items, self._lock
+        while not items:
+            self._idle = True
+            lock.release()
+            try:
+                self._bell.get()
+            finally:
+                lock.acquire()
+        if items[0] is None:
+            return None
+        return items.popleft()
+
+    def _made_room(self) -> None:
+        """Wake a put waiting for room, if any (the lock held)."""
+        room = self._room
+        if room is not None and len(self._items) < self._capacity:
+            self._room = None
+            try:
+                self._loop.call_soon_threadsafe(_resolve, room)
+            except RuntimeError:  # the loop closed: nobody waits
+                pass
+
     # -- ending ----------------------------------------------------------------------
 
     def end(self) -> None:
         """The apply returns once it reaches this point (a scheduled run is done)."""
-        with contextlib.suppress(asyncio.QueueFull):
-            self.queue.put_nowait(None)
-
-    def again(self) -> None:
-        """Put the end marker back: ``gather`` took it while planning ahead."""
-        self.queue.put_nowait(None)
+        with self._lock:
+            self._items.append(None)
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)
 
     def drop(self) -> None:
         """Drop everything queued and end the apply: the next Hello resumes from the level."""
-        self._carry = None
-        self._group_start = None
-        while not self.queue.empty():
-            self.queue.get_nowait()
-        self.queue.put_nowait(None)
+        with self._lock:
+            self._carry = None
+            self._group_start = None
+            self._items.clear()
+            self._items.append(None)
+            self._last = None
+            self._made_room()
+            ring, self._idle = self._idle, False
+        if ring:
+            self._bell.put(None)
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 # An ``aborted`` mark has no ops: its fields and positions fit in this many bytes.

@@ -24,17 +24,21 @@ returned does nothing (``_Stopper.armed``), so the cancellation can only land on
 an await inside ``receive``.  Reading stays strictly sequential in one coroutine:
 a full batcher still stops it.
 
-Acks, coalesced (issue 23): :meth:`FeedStream.ack` only records the level and,
-unless one exists, starts the session's one ack writer (a task): it writes at once
-when no ack went out in the last ``ack_interval`` seconds, otherwise when the
-interval ends, and sends the *latest* level each time, again if more came while it
-waited or wrote.  So at most one ack message per interval, none lost: levels only
-grow, and a later ack covers every earlier one (the publisher needs only the last:
-retention, status, the queue threshold).  The caller (the apply pipeline) never
-waits for a gRPC write: a write's completion comes back through gRPC's poller, and
-the next batch's apply used to wait behind it.  Never two writes at once on the
-call (gRPC allows one): the writer task is the only writer while it exists, and a
-lock covers any other (a test's).
+Acks, coalesced (issue 23): :meth:`FeedStream.offer_ack` (from the session's
+apply thread, subscriber/pipeline.py) and :meth:`FeedStream.ack` (on the loop) only
+record the level and, unless it runs, start the session's one ack writer (a task):
+it writes at once when no ack went out in the last ``ack_interval`` seconds,
+otherwise when the interval ends, and sends the *latest* level each time, again if
+more came while it waited or wrote.  So at most one ack message per interval, none
+lost: levels only grow, and a later ack covers every earlier one (the publisher
+needs only the last: retention, status, the queue threshold).  The apply thread
+wakes the loop only to start a writer: the level, and whether a writer runs, are
+read and written under one lock, and the writer ends only when, under that lock,
+no newer level came since it wrote; so a level offered while it ends starts a new
+one, and a level offered while it runs is sent by it.  The caller never waits for
+a gRPC write (its completion comes back through gRPC's poller).  Never two writes
+at once on the call (gRPC allows one): the writer task is the only writer while it
+exists, and a lock covers any other (a test's).
 :meth:`FeedStream.flush_acks` sends a pending level at once (the session's end).
 A lost ack loses nothing: the next Hello carries the level.
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -156,9 +161,13 @@ class FeedStream:
     ) -> None:
         self.config = config
         self.ack_interval = ack_interval
-        self._ack_level = 0  # the newest level given to ack()
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._ack_mutex = threading.Lock()  # the two fields below (the module docstring)
+        self._ack_level = 0  # the newest level offered
+        self._ack_active = False  # a writer runs, or its start is on its way to the loop
         self._ack_sent_at = -math.inf  # time.monotonic() of the last ack write's start
-        self._ack_later: asyncio.Task[None] | None = None  # the deferred write
+        self._ack_later: asyncio.Task[None] | None = None  # the writer
         self._ack_due: asyncio.Future[None] | None = None  # its wait (flush_acks ends it)
         self._ack_now = False  # flush_acks: no more waiting
         self._ack_lock = asyncio.Lock()
@@ -225,10 +234,24 @@ class FeedStream:
 
         Coalesced: at most one write per ``ack_interval`` (the module docstring).
         """
-        self._ack_level = level
-        if self._ack_later is None:  # else the writer sends the latest level
-            wait = self._ack_sent_at + self.ack_interval - time.monotonic()
-            self._ack_later = asyncio.ensure_future(self._ack_after(wait))
+        self.offer_ack(level)
+
+    def offer_ack(self, level: int) -> None:
+        """:meth:`ack` from any thread, without waiting."""
+        with self._ack_mutex:
+            self._ack_level = max(self._ack_level, level)
+            if self._ack_active:
+                return  # the writer sends the latest level
+            self._ack_active = True
+        if threading.get_ident() == self._loop_thread:
+            self._start_acks()
+        else:
+            with contextlib.suppress(RuntimeError):  # the loop closed: the session is over
+                self._loop.call_soon_threadsafe(self._start_acks)
+
+    def _start_acks(self) -> None:
+        wait = self._ack_sent_at + self.ack_interval - time.monotonic()
+        self._ack_later = asyncio.ensure_future(self._ack_after(wait))
 
     async def flush_acks(self) -> None:
         """Send a level that waits for its interval (or is being written) now: the
@@ -255,11 +278,18 @@ class FeedStream:
                         await due
                     finally:
                         timer.cancel()
-                level = self._ack_level
+                with self._ack_mutex:
+                    level = self._ack_level
                 await self._write_ack(level)
-                if self._ack_level == level:
-                    return
+                with self._ack_mutex:
+                    if self._ack_level == level:
+                        self._ack_active = False
+                        return
                 wait = self.ack_interval  # more came during the wait: one more round
+        except BaseException:
+            with self._ack_mutex:
+                self._ack_active = False  # cancelled with the session (cancel())
+            raise
         finally:
             self._ack_later = self._ack_due = None
             self._ack_now = False

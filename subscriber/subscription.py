@@ -29,6 +29,7 @@ from the applied level (the exactly-once argument is in subscriber.pipeline).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import random
 import time
@@ -108,6 +109,8 @@ class SubscriptionRunner:
         self.next_run: float | None = None
         self.runs = 0
         self._run_done = False
+        # The applies of every session run on this one thread (subscriber/pipeline.py).
+        self._apply_thread: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- what callers read (metrics, tests; the rest through status()) ------------------
 
@@ -301,6 +304,9 @@ class SubscriptionRunner:
             log.info("reconnecting", subscription=self.name, in_s=round(delay, 2), attempt=failures)
             await self._sleep(delay)
         st.set("disconnected", "stopped")
+        if self._apply_thread is not None:
+            self._apply_thread.shutdown(wait=False)  # idle: every session's apply has ended
+            self._apply_thread = None
 
     async def _broken_until_unbreak(self, failures: int) -> None:
         st = self.st
@@ -345,6 +351,10 @@ class SubscriptionRunner:
                 st.sessions += 1
                 st.set("syncing", f"level {st.level}, head {welcome.head}")
                 batcher = Batcher(self.batch, st, self._interrupted)
+                if self._apply_thread is None:
+                    self._apply_thread = concurrent.futures.ThreadPoolExecutor(
+                        1, thread_name_prefix=f"apply {self.name}"
+                    )
                 pipeline = ApplyPipeline(
                     self.applier,
                     self.batch,
@@ -353,6 +363,8 @@ class SubscriptionRunner:
                     stream,
                     on_in_sync=lambda: self._at_head(batcher),
                     stages=self.stages,
+                    scheduled=self.schedule.enabled,
+                    apply_thread=self._apply_thread,
                 )
                 applier = asyncio.create_task(pipeline.run())
                 try:

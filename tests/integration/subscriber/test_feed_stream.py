@@ -2,14 +2,15 @@
 
 In process: the real FeedManager behind a real gRPC server on port 0
 (tests/support/feedserver.py), the subscriber's own FeedStream and Batcher reading
-from it; an apply stands in as a task that takes the batcher's batches.
+from it; an apply stands in as a task that takes the batcher's batches (in a thread,
+as the session's apply thread does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig, SubscriptionConfig
 from subscriber.state import SubscriptionState
 from subscriber.stream import FeedStream
+from tests.support.aiowait import until as _until
 from tests.support.feedserver import ServedFeeds, served_feeds
 
 
@@ -56,19 +58,9 @@ def _append(served: ServedFeeds[Registry], n: int, start: int = 0) -> None:
         served.pub.append(pb.Entry(ops=[insert_op("notes", [i, "x"])]))
 
 
-async def _until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    # A plain loop, no task (a test below counts the tasks made).
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        if loop.time() > deadline:
-            raise AssertionError(f"waited {timeout} s for {what}")
-        await asyncio.sleep(0.002)
-
-
 class Session:
     """A FeedStream in session with its receive loop into a Batcher; ``taken`` gets
-    what the stand-in apply gathered, once ``release`` is set."""
+    what the stand-in apply took, once ``release`` is set."""
 
     def __init__(self, stream: FeedStream, state: SubscriptionState, batcher: Batcher) -> None:
         self.stream, self.state, self.batcher = stream, state, batcher
@@ -79,7 +71,7 @@ class Session:
     async def apply(self) -> None:
         while True:
             await self.release.wait()
-            got = await self.batcher.gather()
+            got = await asyncio.to_thread(self.batcher.take)  # as the apply thread does
             if got is None:
                 return
             first, payloads, _, _ = got

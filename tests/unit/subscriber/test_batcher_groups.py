@@ -40,7 +40,7 @@ def _run(entries: list[bytes], max_entries: int, batches: int) -> list[Got]:
 
         async def apply() -> None:
             for _ in range(batches):
-                batch = await batcher.gather()
+                batch = await asyncio.to_thread(batcher.take)
                 assert batch is not None
                 got.append(batch)
 
@@ -97,7 +97,7 @@ def _arriving(fragment_bytes: int) -> list[Got]:
 
         async def apply() -> None:
             while not got or got[-1][3]:  # until a batch closes the group
-                batch = await batcher.gather()
+                batch = await asyncio.to_thread(batcher.take)
                 assert batch is not None
                 got.append(batch)
 

@@ -9,10 +9,6 @@ from subscriber.batcher import Batcher
 from subscriber.config import BatchConfig
 from subscriber.state import SubscriptionState
 
-# Event-loop turns a gather may take before it must have returned: enough for the
-# queue hand-offs, far too few for any timer (a turn here is microseconds).
-_TURNS = 20
-
 
 def _entry(n: int) -> bytes:
     return pb.Entry(source_position=str(n)).SerializeToString()
@@ -24,32 +20,27 @@ def _in_sync_batcher(batch: BatchConfig | None = None) -> Batcher:
     return Batcher(batch or BatchConfig(), state, asyncio.Event())
 
 
-async def _turns(n: int) -> None:
-    for _ in range(n):
-        await asyncio.sleep(0)
-
-
 def test_an_idle_apply_takes_a_single_entry_without_waiting_for_more() -> None:
-    """In sync, one entry queued: the apply's gather returns it within a few loop turns.
+    """In sync, one entry queued while the apply thread waits: its take returns that
+    entry alone (nothing more is ever put: a take that waited for more would hang).
 
     A configuration that still names ``max_delay_ms`` (here a minute) changes nothing:
     the apply no longer lingers for more entries.
     """
 
-    async def main() -> tuple[bool, tuple[int, list[bytes], int, bool] | None]:
+    async def main() -> tuple[int, list[bytes], int, bool] | None:
         batcher = _in_sync_batcher(BatchConfig(max_delay_ms=60_000))
-        gather = asyncio.ensure_future(batcher.gather())
+        take = asyncio.ensure_future(asyncio.to_thread(batcher.take))
         never = asyncio.ensure_future(asyncio.Event().wait())  # a consumer that stays
+        await asyncio.sleep(0.05)  # the take is (most likely) waiting by now
         assert await batcher.put(1, [_entry(1)], 1, never)  # type: ignore[arg-type]
-        await _turns(_TURNS)
-        done = gather.done()
-        got = gather.result() if done else None
-        gather.cancel()
-        never.cancel()
-        return done, got
+        try:
+            return await asyncio.wait_for(take, 60)  # a guard against a hang only
+        finally:
+            never.cancel()
+            batcher.drop()
 
-    done, got = asyncio.run(main())
-    assert done, "the apply is still waiting for more entries"
+    got = asyncio.run(main())
     assert got is not None
     first_seq, payloads, _, hold = got
     assert (first_seq, len(payloads), hold) == (1, 1, False)
@@ -62,14 +53,11 @@ def test_entries_arriving_during_an_apply_go_together_into_the_next() -> None:
         batcher = _in_sync_batcher()
         never = asyncio.ensure_future(asyncio.Event().wait())
         assert await batcher.put(1, [_entry(1)], 1, never)  # type: ignore[arg-type]
-        first = await batcher.gather()  # the apply of entry 1 starts
+        first = batcher.take()  # the apply of entry 1 starts (something is queued: no wait)
         assert first is not None
         for seq in range(2, 7):  # ... and runs while these arrive
             assert await batcher.put(seq, [_entry(seq)], seq, never)  # type: ignore[arg-type]
-        second = asyncio.ensure_future(batcher.gather())
-        await _turns(_TURNS)
-        assert second.done()
-        got = second.result()
+        got = batcher.take()
         never.cancel()
         assert got is not None
         return [(first[0], len(first[1])), (got[0], len(got[1]))]
