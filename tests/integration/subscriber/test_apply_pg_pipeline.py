@@ -126,3 +126,91 @@ def test_a_failing_row_of_a_batch_that_does_not_follow_the_level_is_a_gap(
     assert fetch(pg_db, "SELECT level FROM txrepl_subscriptions") == [(5,)]
     assert fetch(pg_db, "SELECT count(*) FROM txrepl_errors") == [(0,)]  # not stored
     writer.close()
+
+
+def _lock_waiters(dsn: str, count: int, done: list[Any]) -> None:
+    """Until ``count`` subscriber sessions wait on a lock (or one gave up: ``done``)."""
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        for _ in range(600):
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND application_name = 'txrepl-subscriber'"
+            ).fetchone()
+            if waiting == (count,) or done:
+                return
+            threading.Event().wait(0.05)
+
+
+def test_two_appliers_of_one_batch_commit_it_once(spark: Any, pg_db: str) -> None:
+    """Two writers apply the same batch of one subscription at once: one commits it,
+    the other waits at the level row, then is refused as a gap; the row is there once."""
+    writers = [PostgresWriter(pg_db) for _ in range(2)]
+    appliers = [Applier(spark, w, subscription="s") for w in writers]
+    appliers[0].apply(1, [entry(schema_op(ITEMS))], incarnation=INC)
+    appliers[1].apply(2, [entry(ins("items", 1, "warm", None))], incarnation=INC)
+    holder = psycopg.connect(pg_db)  # both writers queue behind it
+    holder.execute("SELECT level FROM txrepl_subscriptions WHERE subscription = 's' FOR UPDATE")
+    outcome: list[BaseException | int] = []
+
+    def apply(applier: Applier) -> None:
+        try:
+            batch = [entry(ins("items", 42, "once", None), upd("items", (1,), 1, "moved", None))]
+            outcome.append(applier.apply(3, batch, incarnation=INC).level)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    threads = [threading.Thread(target=apply, args=(a,)) for a in appliers]
+    for t in threads:
+        t.start()
+    _lock_waiters(pg_db, 2, outcome)
+    assert not outcome
+    holder.rollback()  # the level row unchanged: whoever locks it first applies
+    for t in threads:
+        t.join(30)
+    holder.close()
+    assert sorted(map(type, outcome), key=str) == sorted([int, GapError], key=str), outcome
+    assert 3 in outcome
+    assert fetch(pg_db, "SELECT id, name FROM items ORDER BY id") == [(1, "moved"), (42, "once")]
+    assert fetch(pg_db, "SELECT level FROM txrepl_subscriptions") == [(3,)]
+    for w in writers:
+        w.close()
+
+
+@pytest.mark.parametrize("while_waiting", [True, False])
+def test_a_deleted_level_row_refuses_a_batch_after_seq_1(
+    spark: Any, pg_db: str, while_waiting: bool
+) -> None:
+    """An operator deletes the level row (before a batch, or while it waits for the
+    row): the batch, which does not start at seq 1, is refused as a gap at level 0
+    and writes nothing."""
+    writer = PostgresWriter(pg_db)
+    applier = Applier(spark, writer, subscription="s")
+    applier.apply(1, [entry(schema_op(ITEMS))], incarnation=INC)
+    applier.apply(2, [entry(ins("items", 1, "warm", None))], incarnation=INC)
+    holder = psycopg.connect(pg_db)
+    holder.execute("DELETE FROM txrepl_subscriptions WHERE subscription = 's'")
+    if not while_waiting:
+        holder.commit()
+    outcome: list[BaseException | int] = []
+
+    def third() -> None:
+        try:
+            batch = [entry(ins("items", 42, "late", None))]
+            outcome.append(applier.apply(3, batch, incarnation=INC).level)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    t = threading.Thread(target=third)
+    t.start()
+    if while_waiting:
+        _lock_waiters(pg_db, 1, outcome)
+        assert not outcome
+        holder.commit()
+    t.join(30)
+    holder.close()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], GapError), outcome
+    assert "level is 0" in str(outcome[0])
+    assert fetch(pg_db, "SELECT id FROM items") == [(1,)]
+    assert fetch(pg_db, "SELECT count(*) FROM txrepl_subscriptions") == [(0,)]
+    writer.close()
