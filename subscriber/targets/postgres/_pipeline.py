@@ -20,21 +20,22 @@ rows lose their plain-COPY savepoint (a present key is simply upserted).
 **Pipeline mode.**  When every step of a committing batch is such a rows step (no
 schema, truncate, SQL, call or history step, no JDBC stage, no conflict check, not
 a piece of a held group nor a re-execution), the batch's transaction runs in
-psycopg's pipeline mode: BEGIN, the session settings, the level row's lock and
-check in one statement (below; the row made first for a batch at seq 1), the
-statements, ``setval`` of the sequences, the level row's update and COMMIT are sent
-without waiting, and the results are
-read once, when the pipeline ends: one round trip (the first time a table is
-written, reading its owned sequences adds one).  BEGIN and COMMIT are sent as
+psycopg's pipeline mode: BEGIN, the level row's lock and check with the session
+settings in one statement (below, and ``_settings.py``; the row made first for a
+batch at seq 1), the statements, ``setval`` of the sequences, the level row's update
+and COMMIT are sent without waiting, and the results are read once, when the
+pipeline ends: one round trip (the first time a table is written, reading its owned
+sequences adds one).  BEGIN and COMMIT are sent as
 statements (:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the
 pipeline four times more.  Once nothing in the batch reads a result first (every
 table's owned sequences known), the statements are queued and handed to libpq at
 once instead of through psycopg's cursor, one statement at a time (``_queued.py``).
 
 **The level locked and checked by the server in one statement**
-(:func:`level_guarded`).  Right after BEGIN (and the settings), one statement locks
-the level row and divides by zero unless the row it locked holds ``first_seq - 1``
-and the batch's incarnation (or none yet)::
+(:func:`level_guarded`).  Right after BEGIN, one statement locks the level row and
+divides by zero unless the row it locked holds ``first_seq - 1`` and the batch's
+incarnation (or none yet; and, for a target known to be no node, unless no node
+table exists: ``subscriber/targets/nodewatch.py``)::
 
     WITH locked AS (SELECT level, incarnation FROM txrepl_subscriptions
                     WHERE subscription = <subscription> FOR UPDATE)

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from subscriber.apply import Applier, GapError
+from subscriber.apply import Applier, ApplyOptions, GapError, TransientError
 from subscriber.targets.postgres import PostgresWriter
 from tests.support.entries import INC, ITEMS, dele, entry, ins, schema_op, upd
 
@@ -213,4 +213,23 @@ def test_a_deleted_level_row_refuses_a_batch_after_seq_1(
     assert "level is 0" in str(outcome[0])
     assert fetch(pg_db, "SELECT id FROM items") == [(1,)]
     assert fetch(pg_db, "SELECT count(*) FROM txrepl_subscriptions") == [(0,)]
+    writer.close()
+
+
+def test_a_small_batch_waits_for_the_level_row_no_longer_than_the_lock_timeout(
+    spark: Any, pg_db: str
+) -> None:
+    """With a lock_timeout, a small (pipelined) batch blocked at the level row fails as
+    transient (its settings are in effect before the lock), and applies once free."""
+    writer = PostgresWriter(pg_db, lock_timeout_s=0.2)
+    applier = Applier(spark, writer, subscription="s", options=ApplyOptions(retries=1))
+    applier.apply(1, [entry(schema_op(ITEMS))], incarnation=INC)
+    applier.apply(2, [entry(ins("items", 1, "warm", None))], incarnation=INC)
+    batch = [entry(ins("items", 2, "later", None))]
+    with psycopg.connect(pg_db) as holder:
+        holder.execute("SELECT 1 FROM txrepl_subscriptions FOR UPDATE")
+        with pytest.raises(TransientError, match="LockNotAvailable"):
+            applier.apply(3, batch, incarnation=INC)
+    assert applier.apply(3, batch, incarnation=INC).level == 3
+    assert fetch(pg_db, "SELECT id, name FROM items ORDER BY id") == [(1, "warm"), (2, "later")]
     writer.close()
