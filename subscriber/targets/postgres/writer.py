@@ -6,7 +6,8 @@ A batch's transaction::
     SET LOCAL session_replication_role = replica   -- target triggers do not fire twice
     SET LOCAL ROLE <replay role>                    -- optional
     INSERT level row if missing; SELECT ... FOR UPDATE   -- the level lock: a second
-                                                         -- applier waits, then fails
+                                                         -- applier waits, then fails (pipelined:
+                                                         -- one statement, _pipeline.py)
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py), constraints and
                 indexes (_ddl.py); upsert txrepl_schemas

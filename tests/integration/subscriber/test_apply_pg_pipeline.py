@@ -66,6 +66,33 @@ def test_small_batches_skip_staging_with_the_same_result(spark: Any, pg_db: str)
     assert [r[0] for r in small] == [1, 2, 5, 6, 7, 8]
 
 
+def _lock_waiters(dsn: str, count: int, done: list[Any]) -> None:
+    """Until ``count`` subscriber sessions wait on a lock (or one gave up: ``done``)."""
+    with psycopg.connect(dsn, autocommit=True) as watcher:
+        for _ in range(600):
+            waiting = watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                " AND application_name = 'txrepl-subscriber'"
+            ).fetchone()
+            if waiting == (count,) or done:
+                return
+            threading.Event().wait(0.05)
+
+
+def _started(applier: Applier, seq: int, batch: list[Any], outcome: list[Any]) -> threading.Thread:
+    """A thread applying ``batch`` at ``seq``; its level or its error lands in ``outcome``."""
+
+    def apply() -> None:
+        try:
+            outcome.append(applier.apply(seq, batch, incarnation=INC).level)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    t = threading.Thread(target=apply)
+    t.start()
+    return t
+
+
 def test_a_batch_whose_level_moved_while_it_waited_commits_nothing(spark: Any, pg_db: str) -> None:
     """A pipelined batch waits at the level row's lock; the level moved meanwhile, so
     the check read at the end refuses it and none of its rows is committed."""
@@ -75,25 +102,8 @@ def test_a_batch_whose_level_moved_while_it_waited_commits_nothing(spark: Any, p
     holder = psycopg.connect(pg_db)
     holder.execute("SELECT level FROM txrepl_subscriptions WHERE subscription = 's' FOR UPDATE")
     outcome: list[BaseException | int] = []
-
-    def second() -> None:
-        try:
-            batch = [entry(ins("items", 42, "late", None))]
-            outcome.append(applier.apply(2, batch, incarnation=INC).level)
-        except BaseException as exc:  # handed to the test thread
-            outcome.append(exc)
-
-    t = threading.Thread(target=second)
-    t.start()
-    with psycopg.connect(pg_db, autocommit=True) as watcher:  # the writer waits on the lock
-        for _ in range(600):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND application_name = 'txrepl-subscriber'"
-            ).fetchone()
-            if waiting == (1,) or outcome:
-                break
-            threading.Event().wait(0.05)
+    t = _started(applier, 2, [entry(ins("items", 42, "late", None))], outcome)
+    _lock_waiters(pg_db, 1, outcome)  # the writer waits on the lock
     assert not outcome
     holder.execute("UPDATE txrepl_subscriptions SET level = 2 WHERE subscription = 's'")
     holder.commit()
@@ -128,19 +138,6 @@ def test_a_failing_row_of_a_batch_that_does_not_follow_the_level_is_a_gap(
     writer.close()
 
 
-def _lock_waiters(dsn: str, count: int, done: list[Any]) -> None:
-    """Until ``count`` subscriber sessions wait on a lock (or one gave up: ``done``)."""
-    with psycopg.connect(dsn, autocommit=True) as watcher:
-        for _ in range(600):
-            waiting = watcher.execute(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
-                " AND application_name = 'txrepl-subscriber'"
-            ).fetchone()
-            if waiting == (count,) or done:
-                return
-            threading.Event().wait(0.05)
-
-
 def test_two_appliers_of_one_batch_commit_it_once(spark: Any, pg_db: str) -> None:
     """Two writers apply the same batch of one subscription at once: one commits it,
     the other waits at the level row, then is refused as a gap; the row is there once."""
@@ -151,17 +148,8 @@ def test_two_appliers_of_one_batch_commit_it_once(spark: Any, pg_db: str) -> Non
     holder = psycopg.connect(pg_db)  # both writers queue behind it
     holder.execute("SELECT level FROM txrepl_subscriptions WHERE subscription = 's' FOR UPDATE")
     outcome: list[BaseException | int] = []
-
-    def apply(applier: Applier) -> None:
-        try:
-            batch = [entry(ins("items", 42, "once", None), upd("items", (1,), 1, "moved", None))]
-            outcome.append(applier.apply(3, batch, incarnation=INC).level)
-        except BaseException as exc:  # handed to the test thread
-            outcome.append(exc)
-
-    threads = [threading.Thread(target=apply, args=(a,)) for a in appliers]
-    for t in threads:
-        t.start()
+    batch = [entry(ins("items", 42, "once", None), upd("items", (1,), 1, "moved", None))]
+    threads = [_started(a, 3, batch, outcome) for a in appliers]
     _lock_waiters(pg_db, 2, outcome)
     assert not outcome
     holder.rollback()  # the level row unchanged: whoever locks it first applies
@@ -192,16 +180,7 @@ def test_a_deleted_level_row_refuses_a_batch_after_seq_1(
     if not while_waiting:
         holder.commit()
     outcome: list[BaseException | int] = []
-
-    def third() -> None:
-        try:
-            batch = [entry(ins("items", 42, "late", None))]
-            outcome.append(applier.apply(3, batch, incarnation=INC).level)
-        except BaseException as exc:  # handed to the test thread
-            outcome.append(exc)
-
-    t = threading.Thread(target=third)
-    t.start()
+    t = _started(applier, 3, [entry(ins("items", 42, "late", None))], outcome)
     if while_waiting:
         _lock_waiters(pg_db, 1, outcome)
         assert not outcome
