@@ -107,35 +107,35 @@ class MetadataSql:
 
     def _lock_sent(self, cur: Executor, subscription: str) -> Any:
         """Send the level row's lock; the cursor whose row is (level, incarnation)."""
-        p = {"subscription": subscription}
         if self.make_level_row:
-            self._run(
-                cur,
-                "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
-                " VALUES (:subscription, '', 0) ON CONFLICT (subscription) DO NOTHING",
-                p,
-            )
+            self.make_row(cur, subscription)
         return self._run(
             cur,
             "SELECT level, incarnation FROM txrepl_subscriptions"
             " WHERE subscription = :subscription" + self.lock_suffix,
-            p,
+            {"subscription": subscription},
         )
 
-    def check_later(
-        self, cur: Executor, subscription: str, incarnation: str, first_seq: int
-    ) -> Callable[[], None]:
-        """:meth:`check_and_lock` with the check deferred: the lock is sent now on
-        ``cur`` (a cursor of its own), the returned function reads the row and raises
-        :class:`GapError` on a mismatch (PostgreSQL's pipeline mode waits only then:
-        subscriber/targets/postgres/_pipeline.py)."""
-        sent = self._lock_sent(cur, subscription)
+    def make_row(self, cur: Executor, subscription: str) -> None:
+        """Make the subscription's level row at level 0 if it has none (so there is a
+        row to lock: a second applier of a fresh subscription waits at it)."""
+        self._run(
+            cur,
+            "INSERT INTO txrepl_subscriptions (subscription, incarnation, level)"
+            " VALUES (:subscription, '', 0) ON CONFLICT (subscription) DO NOTHING",
+            {"subscription": subscription},
+        )
 
-        def check() -> None:
-            level, stored = _level_of(sent.fetchone())
-            check_level(subscription, incarnation, first_seq, level, stored)
-
-        return check
+    def read_level(self, cur: Executor, subscription: str) -> tuple[int, str]:
+        """(level, incarnation) as stored now, unlocked ((0, "") if no row)."""
+        return _level_of(
+            self._run(
+                cur,
+                "SELECT level, incarnation FROM txrepl_subscriptions"
+                " WHERE subscription = :subscription",
+                {"subscription": subscription},
+            ).fetchone()
+        )
 
     def set_level(self, cur: Executor, subscription: str, incarnation: str, level: int) -> None:
         self._run(

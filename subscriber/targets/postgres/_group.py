@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 import structlog
 
-from subscriber.apply.errors import WriterError
+from subscriber.apply.errors import GapError, TransientError, WriterError
 from subscriber.apply.writer import RowsStep, Step
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.held import Held, HeldWrites
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.nodewatch import NodeWatch
 from subscriber.targets.postgres._durable import Durable
-from subscriber.targets.postgres._pipeline import level_guarded, pipelined
+from subscriber.targets.postgres._pipeline import Guarded, level_guarded, pipelined
 from subscriber.targets.postgres._sequences import advance_sequences, carry_positions
 
 __all__ = ["METADATA_SQL", "GroupWrites"]
@@ -71,7 +71,7 @@ class GroupWrites(HeldWrites):
         (subscriber/targets/held.py): pieces run as savepoints of one ``BEGIN``.
         ``reexecute``: a stored, skipped entry (subscriber/targets/metadata.py)."""
         held = self._held
-        explain: list[Callable[[], None]] = []  # a pipelined batch's level, read back
+        guards: list[Guarded] = []  # a pipelined batch's level guard (_pipeline.py)
 
         def statements(cur: psycopg.Cursor[Any]) -> int:
             written = 0
@@ -86,13 +86,15 @@ class GroupWrites(HeldWrites):
                 METADATA_SQL.close_batch(cur, subscription, incarnation, seqs, reexecute)
             return written
 
-        def body(cur: psycopg.Cursor[Any]) -> int:
+        def body(cur: psycopg.Cursor[Any], settings: tuple[str, list[str]] = ("", [])) -> int:
             if piped:  # the level checked by the server; one round trip (_pipeline.py)
                 batch = (subscription, incarnation, first_seq)
                 # nodeless: the node table must still be absent, else nothing commits
-                # (nodewatch.py)
+                # (nodewatch.py); settings: folded into the guard (_settings.py)
                 nodeless = self._nodes.absent
-                explain.append(level_guarded(cur, METADATA_SQL, batch, nodeless=nodeless))
+                guards.append(
+                    level_guarded(cur, METADATA_SQL, batch, nodeless=nodeless, settings=settings)
+                )
                 return statements(cur)
             if held.open:
                 held.check(subscription, first_seq)
@@ -140,8 +142,8 @@ class GroupWrites(HeldWrites):
                 self._rolled_back()
                 if grouped:
                     self._abandon()
-                if explain:
-                    self._failed_pipeline(exc, explain[0], subscription, first_seq)
+                if guards:
+                    self._failed_pipeline(exc, guards[0], subscription, first_seq)
                 raise
             if commit:
                 held.clear()
@@ -157,18 +159,34 @@ class GroupWrites(HeldWrites):
         return [table for table, _ in self.sequence_positions]
 
     def _failed_pipeline(
-        self, exc: BaseException, explain: Callable[[], None], subscription: str, seq: int
+        self, exc: BaseException, guard: Guarded, subscription: str, seq: int
     ) -> None:
-        """After a pipelined batch failed: :class:`GapError` if the level did not
-        match, :class:`NodeAppeared` if the node table appeared (else the caller
-        raises ``exc``); the connection is closed either way: psycopg counts a
-        statement it prepared in the failed pipeline as prepared though the server
-        skipped it ("prepared statement ... does not exist" in the next batch)."""
+        """After a pipelined batch failed: if its level guard is what failed, never a
+        row error (``_pipeline.py``): :class:`GapError` if the level read back is not
+        the one the batch follows, :class:`NodeAppeared` if the node table appeared,
+        else a :class:`GapError` saying the level row changed (else the caller raises
+        ``exc``); the connection is closed either way: psycopg counts a statement it
+        prepared in the failed pipeline as prepared though the server skipped it
+        ("prepared statement ... does not exist" in the next batch)."""
         try:
-            if isinstance(exc, WriterError):
-                explain()  # GapError when the batch did not follow the level
-                with contextlib.suppress(psycopg.Error):  # NodeAppeared, if it is that
-                    self._nodes.check(self._connection(), subscription, seq)
+            if not (isinstance(exc, WriterError) and guard.failed(exc.__cause__)):
+                return
+            try:
+                conn = self._connection()
+                guard.check(conn)  # GapError when the batch does not follow the level
+            except psycopg.Error as read:  # retried: never the row error of ``exc``
+                raise TransientError(
+                    f"the level could not be read after the batch's level check failed: {read}",
+                    subscription=subscription,
+                    seq=seq,
+                ) from read
+            with contextlib.suppress(psycopg.Error):  # NodeAppeared, if it is that
+                self._nodes.check(conn, subscription, seq)
+            raise GapError(
+                "the level row changed while the batch waited for it",
+                subscription=subscription,
+                seq=seq,
+            ) from exc
         finally:
             if self._conn is not None:
                 self._conn.close()

@@ -20,39 +20,61 @@ rows lose their plain-COPY savepoint (a present key is simply upserted).
 **Pipeline mode.**  When every step of a committing batch is such a rows step (no
 schema, truncate, SQL, call or history step, no JDBC stage, no conflict check, not
 a piece of a held group nor a re-execution), the batch's transaction runs in
-psycopg's pipeline mode: BEGIN, the session settings, the level row's lock
-(``INSERT ... ON CONFLICT DO NOTHING``; ``SELECT ... FOR UPDATE`` on a cursor of
-its own), the level guard (below), the statements, ``setval`` of the sequences,
-the level row's update and COMMIT are sent without waiting, and the results are
-read once, when the pipeline ends: one round trip (the first time a table is
-written, reading its owned sequences adds one).  BEGIN and COMMIT are sent as
+psycopg's pipeline mode: BEGIN, the level row's lock and check with the session
+settings in one statement (below, and ``_settings.py``; the row made first for a
+batch at seq 1), the statements, ``setval`` of the sequences, the level row's update
+and COMMIT are sent without waiting, and the results are read once, when the
+pipeline ends: one round trip (the first time a table is written, reading its owned
+sequences adds one).  BEGIN and COMMIT are sent as
 statements (:func:`run_pipelined`): psycopg's ``transaction()`` block syncs the
 pipeline four times more.  Once nothing in the batch reads a result first (every
 table's owned sequences known), the statements are queued and handed to libpq at
 once instead of through psycopg's cursor, one statement at a time (``_queued.py``).
 
-**The level checked by the server** (:func:`level_guarded`).  Right after the
-level row's lock, one statement divides by zero unless the locked row holds
-``first_seq - 1`` and the batch's incarnation (or none yet)::
+**The level locked and checked by the server in one statement**
+(:func:`level_guarded`).  Right after BEGIN, one statement locks the level row and
+divides by zero unless the row it locked holds ``first_seq - 1`` and the batch's
+incarnation (or none yet; and, for a target known to be no node, unless no node
+table exists: ``subscriber/targets/nodewatch.py``)::
 
-    SELECT 1 / (level = <first_seq - 1> AND incarnation IN ('', <incarnation>))::int
-      FROM txrepl_subscriptions WHERE subscription = <subscription>
+    WITH locked AS (SELECT level, incarnation FROM txrepl_subscriptions
+                    WHERE subscription = <subscription> FOR UPDATE)
+    SELECT 1 / count(*)::int FROM locked
+     WHERE level = <first_seq - 1> AND incarnation IN ('', <incarnation>)
 
-Why that is the check it replaces.  The server runs the statements in the order
-sent, so the level row is locked before the guard and before any row is written,
-exactly as before: a second applier on the same subscription waits at that lock,
-and the guard reads the row as locked (the lock is held, nobody else can change
-it).  When the guard fails, the server skips every later statement of the
-pipeline until its sync, COMMIT included: nothing is written, nothing committed,
-and the transaction is rolled back.  The client then tells a gap from any other
-error by the level row it read back (the lock's SELECT, whose result precedes the
-guard's): a mismatch raises :class:`GapError`, as when the level was read first,
-and a batch that both mismatches and fails on a row reports the gap, never a row
-error that would send the entry to the error queue.  Rejected: reading the level
-back before sending COMMIT (the previous way: two round trips, and the second
-wait held the row locks across a round trip); a function installed in every
-target to raise on a mismatch (an object to install and upgrade; the division
-needs none).
+Why that is the check, under READ COMMITTED.  The CTE holds ``FOR UPDATE``, so it is
+never inlined (its plan is ``LockRows`` over the index scan, materialised); the outer
+query compares what ``LockRows`` returned, after the lock was taken.  A second
+applier's scan may read a version that a first applier is replacing: ``LockRows``
+waits for that transaction; when it commits an update, ``LockRows`` re-reads the row's
+latest version (EvalPlanQual: the scan re-run on it, its ``WHERE subscription = ...``
+rechecked) and returns that version, or no row when it was deleted.  So the level
+compared is the locked, latest one, never a snapshot's older one: a second applier
+waits at the lock and then fails on the level the first one committed, before any of
+its rows is written; an operator's change of the row, committed while the batch
+waited or before, is what the batch compares.  The aggregate always returns one row:
+no level row (never made, or deleted) counts zero and fails too, so an absent row
+can never let a batch through.  Hence the row is made (``INSERT ... ON CONFLICT DO
+NOTHING``, before the lock) only for a batch starting at seq 1, the one a fresh
+subscription (level 0, no row) may apply; for any other, a missing row is level 0,
+a gap, and the guard refuses it.  (Tested by two appliers and by an operator's
+update and delete, while a batch waits: ``test_apply_pg_pipeline.py``.)
+
+When the guard fails, the server skips every later statement of the pipeline until
+its sync, COMMIT included: nothing is written, nothing committed, and the
+transaction is rolled back.  The guard runs before any row statement, so a batch
+that both mismatches and would fail on a row reports the gap, never a row error
+that would send the entry to the error queue.  The failed statement returns no row,
+so the client tells its failure from a row's by the guard's own result (not
+``TUPLES_OK``) and the error's SQLSTATE (``22012``: nothing sent before it divides),
+then reads the level back after the rollback: :class:`GapError` when it is not
+the one the batch follows, else :class:`NodeAppeared` if a node table appeared,
+else a :class:`GapError` saying the row changed (the session restarts from the
+level read then; never a row error).  Rejected: the lock and the guard as two
+statements (the previous way: the lock's row read back, one more statement per
+batch); reading the level back before sending COMMIT (two round trips, the row
+locks held across the second); a function installed in every target to raise on a
+mismatch (an object to install and upgrade; the division needs none).
 """
 
 from __future__ import annotations
@@ -68,7 +90,7 @@ from psycopg import pq, sql
 
 from common.rpc import txrepl_pb2 as pb
 from subscriber.apply._plain import arrow_column
-from subscriber.apply.writer import RowsStep, Step
+from subscriber.apply.writer import RowsStep, Step, check_level
 from subscriber.targets.conflicts import ConflictGuard
 from subscriber.targets.metadata import MetadataSql
 from subscriber.targets.postgres._copy import pg_column, upsert_sql
@@ -77,6 +99,7 @@ from subscriber.targets.postgres._queued import Queued
 
 __all__ = [
     "SMALL_PARAMS",
+    "Guarded",
     "level_guarded",
     "pipelined",
     "rows_by_statements",
@@ -235,14 +258,44 @@ def rows_by_statements(cur: psycopg.Cursor[Any] | Queued, step: RowsStep) -> int
     return deletes + upserts
 
 
-# Fails (division by zero) unless the locked level row is the one the batch follows
-# (and, for a target known to be no node, unless it still has no node table:
-# subscriber/targets/nodewatch.py; one statement for both).
+# Locks the level row and fails (division by zero) unless the row it locked is the
+# one the batch follows (and, for a target known to be no node, unless it still has
+# no node table: subscriber/targets/nodewatch.py): module docstring.
 _GUARD = (
-    "SELECT 1 / (level = %(level)s AND incarnation IN ('', %(incarnation)s)"
-    " AND (NOT %(nodeless)s OR to_regclass('txrepl_node') IS NULL))::int"
-    " FROM txrepl_subscriptions WHERE subscription = %(subscription)s"
+    "WITH locked AS (SELECT level, incarnation FROM txrepl_subscriptions"
+    " WHERE subscription = %(subscription)s FOR UPDATE)"
+    " SELECT 1 / count(*)::int{settings} FROM locked"
+    " WHERE level = %(level)s AND incarnation IN ('', %(incarnation)s)"
+    " AND (NOT %(nodeless)s OR to_regclass('txrepl_node') IS NULL)"
 )
+_DIVISION_BY_ZERO = "22012"
+
+
+class Guarded:
+    """A pipelined batch's level guard, sent (:func:`level_guarded`); asked after the
+    batch failed whether the guard is what failed, and why (module docstring)."""
+
+    def __init__(self, result: Any, metadata: MetadataSql, batch: tuple[str, str, int]) -> None:
+        self._result = result  # the guard's cursor or Handle (its pgresult)
+        self._metadata = metadata
+        self.batch = batch
+
+    def failed(self, error: BaseException | None) -> bool:
+        """Whether the guard failed (``error``: the driver's error the batch raised):
+        its result is not a row, and the error is its division (nothing sent before it
+        divides: BEGIN, the settings, the level row's INSERT)."""
+        result = self._result.pgresult
+        if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
+            return False  # it passed: a later statement failed
+        return isinstance(error, psycopg.Error) and error.sqlstate == _DIVISION_BY_ZERO
+
+    def check(self, conn: psycopg.Connection[Any]) -> None:
+        """After the rollback: :class:`GapError` if the level read now is not the one
+        the batch follows."""
+        subscription, incarnation, first_seq = self.batch
+        with conn.cursor() as cur:
+            level, stored = self._metadata.read_level(cur, subscription)
+        check_level(subscription, incarnation, first_seq, level, stored)
 
 
 def level_guarded(
@@ -251,33 +304,28 @@ def level_guarded(
     batch: tuple[str, str, int],
     *,
     nodeless: bool = False,
-) -> Callable[[], None]:
-    """Lock the level row and send the server's check of it (module docstring);
-    ``batch``: (subscription, incarnation, first_seq); ``nodeless``: the check fails
-    too if a node table exists.  Returns ``explain``, to call when the transaction
-    failed: it raises :class:`GapError` when the level read back is not the one the
-    batch follows (else returns, and the caller raises its error)."""
+    settings: tuple[str, Sequence[Any]] = ("", ()),
+) -> Guarded:
+    """Lock the level row and send the server's check of it, in one statement (module
+    docstring); ``batch``: (subscription, incarnation, first_seq); ``nodeless``: the
+    check fails too if a node table exists; ``settings``: more ``set_config`` calls
+    for the same statement (", set_config(%(p0)s, ...)" and their values: the
+    session's settings, taken once the guard passed).  Returns the :class:`Guarded`
+    to ask when the transaction failed."""
     subscription, incarnation, first_seq = batch
+    if first_seq == 1:  # the one batch an absent row (level 0) may let through
+        metadata.make_row(cur, subscription)
+    fields, values = settings
+    params: dict[str, Any] = {f"p{i}": v for i, v in enumerate(values)}
+    params.update(
+        level=first_seq - 1, incarnation=incarnation, nodeless=nodeless, subscription=subscription
+    )
+    query = _GUARD.replace("{settings}", fields)
     if isinstance(cur, Queued):  # each statement has its own result (_queued.py)
-        check = metadata.check_later(cur, subscription, incarnation, first_seq)
-        level_cur: Any = cur.last  # the lock's SELECT, the last statement it queued
-    else:
-        level_cur = cur.connection.cursor()  # its result must outlive the later statements
-        check = metadata.check_later(level_cur, subscription, incarnation, first_seq)
-    params = {
-        "level": first_seq - 1,
-        "incarnation": incarnation,
-        "nodeless": nodeless,
-        "subscription": subscription,
-    }
-    cur.execute(_GUARD, params)
-
-    def explain() -> None:
-        result = level_cur.pgresult
-        if result is not None and result.status == pq.ExecStatus.TUPLES_OK:
-            check()  # GapError when the level does not match
-
-    return explain
+        return Guarded(cur.execute(query, params), metadata, batch)
+    guard_cur = cur.connection.cursor()  # its result must outlive the later statements
+    guard_cur.execute(query, params)
+    return Guarded(guard_cur, metadata, batch)
 
 
 def run_pipelined(

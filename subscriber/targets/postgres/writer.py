@@ -6,7 +6,8 @@ A batch's transaction::
     SET LOCAL session_replication_role = replica   -- target triggers do not fire twice
     SET LOCAL ROLE <replay role>                    -- optional
     INSERT level row if missing; SELECT ... FOR UPDATE   -- the level lock: a second
-                                                         -- applier waits, then fails
+                                                         -- applier waits, then fails (pipelined:
+                                                         -- one statement, _pipeline.py)
     per step, in order:
       schema    CREATE TABLE / ALTER TABLE ADD, DROP, TYPE (_alter.py), constraints and
                 indexes (_ddl.py); upsert txrepl_schemas
@@ -103,6 +104,7 @@ from subscriber.targets.postgres._pipeline import (
     run_pipelined,
     small,
 )
+from subscriber.targets.postgres._settings import folded, session_settings
 from subscriber.targets.postgres._truncate import empty_table
 from subscriber.targets.procedures import Procedure, load_procedures
 
@@ -242,16 +244,13 @@ class PostgresWriter(GroupWrites, ErrorQueue, PostgresOrderedTables, DurableLeve
             def settings_then_body(cur: psycopg.Cursor[Any]) -> Any:
                 # The origin (_origin.py) first, then the settings and its stamp in one
                 # statement: each statement costs an in-sync batch ~30 us of psycopg.
-                fields = [self._origin.use(cur, subscription, self.apply_origin)]
-                fields.append("set_config('session_replication_role', %s, true)")
-                params = [self.replication_role]
-                if synchronous:
-                    fields.append("set_config('synchronous_commit', %s, true)")
-                    params.append(synchronous)
-                if self.lock_timeout_s is not None:
-                    fields.append("set_config('lock_timeout', %s, true)")
-                    params.append(f"{int(self.lock_timeout_s * 1000)}ms")
-                cur.execute("SELECT " + ", ".join(f for f in fields if f), params)
+                stamp = self._origin.use(cur, subscription, self.apply_origin)
+                fields, params = session_settings(
+                    stamp, self.replication_role, synchronous, self.lock_timeout_s
+                )
+                if pipelined and self.lock_timeout_s is None and not self.role:
+                    return body(cur, folded(fields, params))  # in the level guard (_settings.py)
+                cur.execute("SELECT " + ", ".join(fields), params)
                 if self.role:
                     cur.execute(sql.SQL("SET LOCAL ROLE {}").format(Q(self.role)))
                 return body(cur)
