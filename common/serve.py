@@ -274,8 +274,7 @@ def freeze_settled_heap() -> None:
     if _settled:
         return
     _settled = True
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()  # the same collect-then-freeze, once more
 
 
 def write_atomic(path: Path, text: str) -> None:
