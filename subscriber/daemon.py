@@ -63,6 +63,7 @@ from subscriber.apply import (
     Writer,
     create_spark_session,
 )
+from subscriber.apply._wire import warm_arrow
 from subscriber.apply.engine import warm_up_awhile
 from subscriber.apply.lazy import LazySpark, spark_starting
 from subscriber.config import SubscriberConfig
@@ -383,5 +384,6 @@ async def _main(config: SubscriberConfig) -> None:
 
 
 def run(config: SubscriberConfig) -> None:
+    warm_arrow()  # pandas and the kernels: not in the first batch (subscriber/apply/_wire.py)
     freeze_imports()
     asyncio.run(_main(config))
