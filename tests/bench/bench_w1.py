@@ -510,6 +510,11 @@ class Rig:
         from its launch (JVM included) to ``in_sync``."""
         return None
 
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the database server processes working for the daemons
+        (PostgreSQL: the source's walsender, the target's subscriber backends)."""
+        return {}
+
     def stop_publisher(self) -> bool:
         """Stop the publisher (False: this rig has none to stop, no ``cold`` measure)."""
         return False
@@ -851,6 +856,22 @@ class TxreplPg(Rig):
     def daemons(self) -> dict[str, Daemon]:
         return _running(self.pub, self.sub)
 
+    def server_cpu(self) -> dict[str, float]:
+        import psycopg
+
+        from tests.bench._cpu import process_cpu_s
+
+        out: dict[str, float] = {}
+        for key, server, query in (
+            ("walsender", self.src_server, "backend_type = 'walsender'"),
+            ("target_backends", self.dst_server, "application_name = 'txrepl-subscriber'"),
+        ):
+            with psycopg.connect(server.dsn(), autocommit=True) as conn:
+                rows = conn.execute(f"SELECT pid FROM pg_stat_activity WHERE {query}")
+                pids = [r[0] for r in rows]
+            out[key] = round(sum(process_cpu_s(pid) or 0.0 for pid in pids), 3)
+        return out
+
     def in_sync_s(self) -> float | None:
         from tests.support.harness import subscription_status
 
@@ -1089,6 +1110,7 @@ def cold_start(
             rig.start_subscriber()
             _spy(spies, rig, f"cold-{run}", only=("subscriber",))
             done, same, peak = _final_state(rig, source, last)
+            budget = _cold_cpu(rig)
         return {
             "system": rig.name,
             "measure": "cold",
@@ -1099,9 +1121,29 @@ def cold_start(
             "row_changes_per_s": round(counts["row_changes"] / (done - launched), 1),
             "checksum_ok": same,
             **peak,
+            **budget,
         }
     finally:
         rig.teardown()
+
+
+def _cold_cpu(rig: Rig) -> dict[str, Any]:
+    """The cold measure's CPU budget: each process's CPU seconds from its start (all
+    within the measure: the daemons and their server backends start in it), and the
+    wall time the machine's cores need for them at the least (their sum / cores)."""
+    from tests.bench._cpu import process_cpu_s
+    from tests.support.rss import children
+
+    cpu: dict[str, float] = {}
+    for kind, daemon in rig.daemons().items():
+        if daemon.proc is not None:
+            pids = [daemon.proc.pid, *children(daemon.proc.pid)]  # a JVM's too
+            cpu[kind] = round(sum(process_cpu_s(p) or 0.0 for p in pids), 3)
+    cpu.update(rig.server_cpu())
+    if not cpu:
+        return {}
+    cores = os.cpu_count() or 1
+    return {"cpu_s": cpu, "cpu_floor_s": round(sum(cpu.values()) / cores, 3)}
 
 
 def _spy(
@@ -1490,7 +1532,12 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                 f"  {rig.name} cold run {run_no}: both daemons started → final state in "
                 f"{cold['total_s']:.2f} s (publisher up in {cold['publisher_up_s']:.2f} s, "
                 f"{cold['row_changes_per_s']:,.0f} row changes/s), checksum "
-                f"{'ok' if cold['checksum_ok'] else 'MISMATCH'}",
+                f"{'ok' if cold['checksum_ok'] else 'MISMATCH'}"
+                + (
+                    f"; CPU s {cold['cpu_s']}, their sum / cores = {cold['cpu_floor_s']:.2f} s"
+                    if "cpu_s" in cold
+                    else ""
+                ),
                 flush=True,
             )
             res.rows.append(cold)
