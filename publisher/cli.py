@@ -92,8 +92,12 @@ def _run(args: argparse.Namespace) -> int:
     from publisher.daemon import run
     from publisher.errors import RegistryError, SourceError
 
+    from common.trace import enable
+
+    cfg = load_config(args.config)
+    enable(cfg.trace_every, cfg.data_path)  # a diagnostic, off unless configured
     try:
-        run(load_config(args.config))
+        run(cfg)
     except (SourceError, RegistryError) as e:
         print(f"txrepl: publisher cannot start: {e}", file=sys.stderr)
         return 1
