@@ -88,11 +88,10 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     # Deferred, not a circle: the daemon pulls in the gRPC server, psycopg and the
     # capture packages, which the client subcommands of this CLI never need.
+    from common.trace import enable
     from publisher.config import load_config
     from publisher.daemon import run
     from publisher.errors import RegistryError, SourceError
-
-    from common.trace import enable
 
     cfg = load_config(args.config)
     enable(cfg.trace_every, cfg.data_path)  # a diagnostic, off unless configured

@@ -63,8 +63,8 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from subscriber.config import load_config
     from common.trace import enable
+    from subscriber.config import load_config
     from subscriber.daemon import run
 
     cfg = load_config(args.config)

@@ -60,8 +60,8 @@ from typing import Any
 
 import grpc
 
-from common.feedstatus import RefusalKind, refusal_kind
 from common import trace as _trace
+from common.feedstatus import RefusalKind, refusal_kind
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from common.rpc import txrepl_pb2_grpc as rpc
