@@ -35,6 +35,9 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            publisher (collapsed stacks in the results directory;
            ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both; the
            cold measure is recorded too, from each daemon's launch to the final state).
+           With ``TXREPL_BENCH_TRACE=1`` both daemons trace every seq's stages
+           (common/trace.py) and the paced phase prints its worst markers leg by
+           leg, with what happened meanwhile (``_trace.py``; ``trace`` in the row).
 cold       both daemons down while the whole stream (T + 1 transactions) runs on the
            source; then the publisher starts, then the subscriber (txrepl only: the
            native publisher is the source cluster itself): seconds from the
@@ -77,6 +80,8 @@ from typing import Any
 
 from tests.bench._cpu import CpuMeter, py_spy
 from tests.bench._stages import StageScrape, format_stages, stage_quantiles
+from tests.bench._trace import ENV as TRACE_ENV
+from tests.bench._trace import phase_trace
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
 from tests.support.workload import W1, Stmt, maria_param, sqlite_source, w1_checksum
 
@@ -1171,6 +1176,9 @@ def _lag_phase(
             seen = collect(600)
         cpu = meter.stop()
         stages = stage_quantiles(before, scraper.take())
+    traced = {}
+    if os.environ.get("TXREPL_TRACE_EVERY") and rate is not None:  # tests/bench/_trace.py
+        traced = phase_trace(daemons, commits, seen, started)
     lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
     ms = [lag for _, lag in lags]
     old = [(seen[m] - commits[m]) * 1000 for m in markers if m in seen and m % OLD_MARK_EVERY == 0]
@@ -1188,6 +1196,7 @@ def _lag_phase(
         "stages": stages,
         # CPU seconds per 1,000 transactions of each daemon, over the phase
         "cpu_s_per_1000_txn": {k: round(v * 1000 / len(txns), 3) for k, v in cpu.items()},
+        **({"trace": traced} if traced else {}),
     }
 
 
@@ -1445,6 +1454,8 @@ def plot(
 
 def run(results_dir: Path) -> list[dict[str, Any]]:
     cfg = Settings.from_env()
+    if os.environ.get(TRACE_ENV):  # both daemons trace every seq (tests/bench/_trace.py)
+        os.environ["TXREPL_TRACE_EVERY"] = "1"
     with scrubbed_bench_env():
         return _run(cfg, results_dir)
 
