@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import os
+import shutil
 import signal
 import statistics
 import time
@@ -50,8 +51,10 @@ def phase_trace(
     commits: dict[int, float],
     seen: dict[int, float],
     started: float,
+    keep: Path,
 ) -> dict[str, Any]:
-    """Per-marker legs (ms) and the worst markers with their surroundings; printed too."""
+    """Per-marker legs (ms) and the worst markers with their surroundings; printed too.
+    The traces are copied to ``keep``-publisher.jsonl and ``keep``-subscriber.jsonl."""
     data: dict[str, tuple[dict[int, dict[str, int]], list[dict[str, Any]]]] = {}
     for kind in ("publisher", "subscriber"):
         d = daemons.get(kind)
@@ -62,6 +65,7 @@ def phase_trace(
             print(f"trace: no trace from the {kind} (is trace_every on?)")
             return {}
         data[kind] = load(path)
+        shutil.copyfile(path, f"{keep}-{kind}.jsonl")
     (pub, pub_ev), (sub, sub_ev) = data["publisher"], data["subscriber"]
     by_commit = sorted((st["commit"], seq) for seq, st in pub.items() if "commit" in st)
     times = [t for t, _ in by_commit]

@@ -1178,7 +1178,7 @@ def _lag_phase(
         stages = stage_quantiles(before, scraper.take())
     traced = {}
     if os.environ.get("TXREPL_TRACE_EVERY") and rate is not None:  # tests/bench/_trace.py
-        traced = phase_trace(daemons, commits, seen, started)
+        traced = phase_trace(daemons, commits, seen, started, Path(f"{spy_to}-trace"))
     lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
     ms = [lag for _, lag in lags]
     old = [(seen[m] - commits[m]) * 1000 for m in markers if m in seen and m % OLD_MARK_EVERY == 0]
