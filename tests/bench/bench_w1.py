@@ -354,8 +354,9 @@ def run_stream(
     return commits, len(txns) / elapsed if elapsed > 0 else 0.0
 
 
-def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> None:
-    """Child process: wall time at which each marker id becomes visible on the target."""
+def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any, ready: Any) -> None:
+    """Child process: wall time at which each marker id becomes visible on the target;
+    ``ready`` is set once its first query returned."""
     conn = None
     seen: dict[int, float] = {}
     pending = sorted(markers)
@@ -369,6 +370,7 @@ def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> N
                 continue
         top = target_scalar(conn, "SELECT max(id) FROM orders")
         now = time.time()
+        ready.set()
         while k < len(pending) and pending[k] <= top:
             seen[pending[k]] = now
             k += 1
@@ -383,12 +385,24 @@ def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> N
 def visibility_poller(
     kind: str, where: str, markers: list[int]
 ) -> Iterator[Callable[[float], dict[int, float]]]:
-    """Start a poller process; yields ``collect(timeout)`` returning marker → visible time."""
+    """Start a poller process; once its first query returned, yields ``collect(timeout)``
+    returning marker → visible time.
+
+    Waiting for that query matters: a spawned child imports the bench again, which on
+    a loaded machine took up to 0.8 s, and every marker committed before its first
+    query was "seen" only then (2026-11-25: the bursts of the phases' first half
+    second, docs/performance.md).
+    """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     stop = ctx.Event()
-    proc = ctx.Process(target=_poller, args=(kind, where, markers, out, stop), daemon=True)
+    ready = ctx.Event()
+    proc = ctx.Process(target=_poller, args=(kind, where, markers, out, stop, ready), daemon=True)
     proc.start()
+    if not ready.wait(120):
+        stop.set()
+        proc.kill()
+        raise RuntimeError("the visibility poller made no query in 120 s")
 
     def collect(timeout: float) -> dict[int, float]:
         deadline = time.monotonic() + timeout
@@ -1162,7 +1176,6 @@ def _lag_phase(
     spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
     spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
     with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
-        time.sleep(0.3)  # let the poller connect
         before = scraper.take()
         meter.start()
         started = time.time()
