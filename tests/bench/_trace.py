@@ -106,8 +106,12 @@ def phase_trace(
         print(f"  marker {r['marker']} seq {r['seq']} t={r['t_s']}s lag {r['lag_ms']} ms: "
               + " ".join(f"{leg}={v:.2f}" for leg, v in r["legs"].items()))  # fmt: skip
         print("      meanwhile: " + _around(pub_ev, sub_ev, lo, hi))
+    tail = _tail_legs(pub, sub, int(started * 1_000_000))
+    print("  entries' worst 1 % (source commit → target commit), median leg ms: "
+          + "  ".join(f"{leg}={v:.2f}" for leg, v in tail.items()))  # fmt: skip
     return {
         "joined": len(rows),
+        "tail_legs_ms": tail,
         "median_legs_ms": {
             leg: round(statistics.median(r["legs"][leg] for r in rows), 3) for leg in LEGS
         },
@@ -139,3 +143,23 @@ def _around(pub_ev: list[dict[str, Any]], sub_ev: list[dict[str, Any]], lo: int,
         if writes:
             out.append(f"sub writes max {max(writes):.2f} ms")
     return "; ".join(out) or "nothing recorded"
+
+
+def _tail_legs(
+    pub: dict[int, dict[str, int]], sub: dict[int, dict[str, int]], since_us: int
+) -> dict[str, float]:
+    """Over every traced entry of the phase (not only markers): the worst 1 % by source
+    commit → target commit, and the median of each leg among them (ms)."""
+    whole = []
+    for seq, p in pub.items():
+        st = {**p, **sub.get(seq, {})}
+        if st.get("commit", 0) >= since_us and all(s in st for s in ORDER):
+            whole.append(st)
+    if not whole:
+        return {}
+    whole.sort(key=lambda st: st["committed"] - st["commit"], reverse=True)
+    worst = whole[: max(1, len(whole) // 100)]
+    out = {"total": statistics.median(st["committed"] - st["commit"] for st in worst) / 1000}
+    for a, b in itertools.pairwise(ORDER):
+        out[f"{a}>{b}"] = statistics.median(st[b] - st[a] for st in worst) / 1000
+    return {k: round(v, 3) for k, v in out.items()}
