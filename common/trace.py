@@ -74,8 +74,11 @@ class Trace:
         self.every = every
         self.path = path
         self.marks: collections.deque[tuple[int, str, int]] = collections.deque(maxlen=_RING)
-        self.events: collections.deque[tuple[str, int, dict[str, Any]]] = collections.deque(
-            maxlen=_EVENTS
+        # An event's details as (key, value) pairs, not a dict: tuples of numbers and
+        # strings leave the GC's care after one collection, a dict stays in it (the
+        # rings' records would have fed the full collections of the daemon they watch).
+        self.events: collections.deque[tuple[str, int, tuple[tuple[str, Any], ...]]] = (
+            collections.deque(maxlen=_EVENTS)
         )
         self._gc_start = 0.0
         self._dump_lock = threading.Lock()
@@ -95,7 +98,7 @@ class Trace:
             seq += every
 
     def event(self, kind: str, **info: Any) -> None:
-        self.events.append((kind, int(time.time() * 1_000_000), info))
+        self.events.append((kind, int(time.time() * 1_000_000), tuple(info.items())))
 
     def applied(
         self, first: int, count: int, taken_mono: float, write_s: float, committed: float
@@ -130,7 +133,7 @@ class Trace:
                 for seq, stage, us in marks:
                     f.write(f'{{"seq": {seq}, "stage": "{stage}", "us": {us}}}\n')
                 for kind, us, info in events:
-                    f.write(json.dumps({"event": kind, "us": us, **info}) + "\n")
+                    f.write(json.dumps({"event": kind, "us": us, **dict(info)}) + "\n")
             os.replace(tmp, self.path)
             return self.path
 
