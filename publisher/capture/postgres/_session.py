@@ -218,7 +218,9 @@ class Session(Confirming):
             self._idle()
             poll(200)
             if _trace.TRACE is not None:  # common/trace.py: when the capture woke
-                _trace.TRACE.event("capture_woke", transactions=cap.transactions)
+                _trace.TRACE.event(
+                    "capture_woke", transactions=cap.transactions, mid=self.txn is not None
+                )
             backlog.nothing_read()
         self._drain()
         if self.txn is None:
