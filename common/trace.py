@@ -29,8 +29,10 @@ half the smaller gap of three tries, well under a µs).  Clock steps (NTP) are n
 handled: a diagnostic on one machine.
 
 Cost: when off, each hook is one test of ``TRACE`` (a module attribute); when on,
-a modulo per entry and a deque append per traced stage.  Each record is a tuple;
-``deque.append`` and ``deque.copy`` are single C calls, so threads need no lock.
+a modulo per entry and a deque append per traced stage, and a thread that reads the
+threads' scheduler counters every 10 ms (``runq`` events: :func:`_sample_runqueue`).
+Each record is a tuple; ``deque.append`` and ``deque.copy`` are single C calls, so
+threads need no lock.
 
 File: one JSON object per line: ``{"seq": s, "stage": name, "us": t}`` or
 ``{"event": kind, "us": t, ...}``.  Read it with :func:`load`.
@@ -149,10 +151,47 @@ def enable(every: int, data_dir: Path) -> Trace | None:
     data_dir.mkdir(parents=True, exist_ok=True)
     trace = TRACE = Trace(every, data_dir / "trace.jsonl")
     gc.callbacks.append(trace._gc)
+    threading.Thread(target=_sample_runqueue, args=(trace,), name="trace-runq", daemon=True).start()
     atexit.register(trace.dump)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR2, lambda *_: trace.dump())
     return trace
+
+
+def _sample_runqueue(trace: Trace, interval: float = 0.01) -> None:
+    """Every ``interval``, the time this process's threads spent runnable but not
+    running (the kernel's run-queue wait, ``/proc/self/task/*/schedstat``): an event
+    ``runq`` when it exceeds 1 ms.  It tells a stall of the machine (other processes
+    held the cores) from one of our own (a thread waiting for the GIL sleeps: it is
+    not runnable, so it adds nothing here).  Linux only; elsewhere it just stops."""
+    tasks = "/proc/self/task"
+    last: dict[str, tuple[int, int]] = {}
+    at = time.monotonic()
+    while True:
+        time.sleep(interval)
+        before, at = at, time.monotonic()
+        wait = cpu = 0
+        try:
+            names = os.listdir(tasks)
+        except OSError:
+            return
+        for name in names:
+            try:
+                with open(f"{tasks}/{name}/schedstat", "rb") as f:
+                    c, w = (int(x) for x in f.read().split()[:2])
+            except (OSError, ValueError):
+                continue  # a thread that ended meanwhile
+            prev = last.get(name)
+            last[name] = (c, w)
+            if prev is not None:
+                cpu, wait = cpu + c - prev[0], wait + w - prev[1]
+        if wait > 1_000_000:
+            trace.event(
+                "runq",
+                wait_ms=round(wait / 1e6, 2),  # summed over threads
+                cpu_ms=round(cpu / 1e6, 2),
+                span_ms=round((at - before) * 1000, 2),  # since the last sample
+            )
 
 
 def wall_offset() -> float:

@@ -134,6 +134,9 @@ def _around(pub_ev: list[dict[str, Any]], sub_ev: list[dict[str, Any]], lo: int,
         sizes = [e["entries"] for e in inside if e["event"] in ("applied", "sent")]
         if sizes:
             out.append(f"{who} batches {sizes[:12]}{'…' if len(sizes) > 12 else ''}")
+        runq = [e["wait_ms"] for e in inside if e["event"] == "runq"]
+        if runq:
+            out.append(f"{who} runnable, not running {sum(runq):.1f} ms")
         for kind in ("capture_woke", "flush_poll", "cut"):
             n = [e for e in inside if e["event"] == kind]
             if n:
