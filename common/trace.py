@@ -4,8 +4,8 @@ The latency histograms (common/latency.py) say how long each stage takes, not wh
 stage made one given slow transaction slow.  With ``trace_every = N`` (N > 0) in a
 daemon's config (``TXREPL_TRACE_EVERY``), the daemon records, for every seq that is
 a multiple of N, the wall-clock time (integer µs, ``time.time()``) each stage
-ended, plus a few events around them (batches, GC passes, cuts, capture reads,
-flush polls).  Both go to bounded rings in memory (the oldest records fall off) and
+ended, plus a few events around them (batches, GC passes, cuts, capture wake-ups,
+flush polls, the threads' run-queue wait).  Both go to bounded rings in memory (the oldest records fall off) and
 are written to ``<data_dir>/trace.jsonl`` at exit and on ``SIGUSR2`` (tmp, then
 rename: a reader never sees half a file).
 
