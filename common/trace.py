@@ -5,9 +5,9 @@ stage made one given slow transaction slow.  With ``trace_every = N`` (N > 0) in
 daemon's config (``TXREPL_TRACE_EVERY``), the daemon records, for every seq that is
 a multiple of N, the wall-clock time (integer µs, ``time.time()``) each stage
 ended, plus a few events around them (batches, GC passes, cuts, capture wake-ups,
-flush polls, the threads' run-queue wait).  Both go to bounded rings in memory (the oldest records fall off) and
-are written to ``<data_dir>/trace.jsonl`` at exit and on ``SIGUSR2`` (tmp, then
-rename: a reader never sees half a file).
+flush polls, the threads' run-queue wait).  Both go to bounded rings in memory (the
+oldest records fall off) and are written to ``<data_dir>/trace.jsonl`` at exit and
+on ``SIGUSR2`` (tmp, then rename: a reader never sees half a file).
 
 Stages, in the order one entry passes them (each is a moment, not a duration)::
 
