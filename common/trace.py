@@ -175,6 +175,9 @@ def _sample_runqueue(trace: Trace, interval: float = 0.01) -> None:
             names = os.listdir(tasks)
         except OSError:
             return
+        # Python threads by native id (the rest: gRPC's, the JVM bridge's, ...).
+        named = {str(t.native_id): t.name for t in threading.enumerate()}
+        waits: list[tuple[str, float]] = []
         for name in names:
             try:
                 with open(f"{tasks}/{name}/schedstat", "rb") as f:
@@ -185,12 +188,15 @@ def _sample_runqueue(trace: Trace, interval: float = 0.01) -> None:
             last[name] = (c, w)
             if prev is not None:
                 cpu, wait = cpu + c - prev[0], wait + w - prev[1]
+                if w - prev[1] > 1_000_000:
+                    waits.append((named.get(name, "other"), round((w - prev[1]) / 1e6, 2)))
         if wait > 1_000_000:
             trace.event(
                 "runq",
                 wait_ms=round(wait / 1e6, 2),  # summed over threads
                 cpu_ms=round(cpu / 1e6, 2),
                 span_ms=round((at - before) * 1000, 2),  # since the last sample
+                threads=tuple(waits),  # (name, ms) of each thread that waited > 1 ms
             )
 
 
