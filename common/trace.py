@@ -46,6 +46,7 @@ import gc
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -127,8 +128,13 @@ class Trace:
     # -- writing ---------------------------------------------------------------------------
 
     def dump(self) -> Path:
-        """Write both rings to :attr:`path` (tmp, then rename); returns it."""
-        with self._dump_lock:
+        """Write both rings to :attr:`path` (tmp, then rename); returns it.  A dump
+        asked for while one runs (SIGUSR2 during the exit's) is skipped, and a
+        failure to write is said in one line on stderr, not raised: a diagnostic
+        must not stop the daemon, nor turn its exit into a traceback."""
+        if not self._dump_lock.acquire(blocking=False):
+            return self.path
+        try:
             marks, events = self.marks.copy(), self.events.copy()
             tmp = self.path.with_name(self.path.name + ".tmp")
             with open(tmp, "w", encoding="utf-8") as f:
@@ -137,7 +143,11 @@ class Trace:
                 for kind, us, info in events:
                     f.write(json.dumps({"event": kind, "us": us, **dict(info)}) + "\n")
             os.replace(tmp, self.path)
-            return self.path
+        except OSError as e:
+            print(f"txrepl: trace not written to {self.path}: {e.strerror}", file=sys.stderr)
+        finally:
+            self._dump_lock.release()
+        return self.path
 
 
 TRACE: Trace | None = None
