@@ -29,8 +29,9 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            (``p99_ms_every100``) beside it.  Visibility is watched by a separate
            process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
            0.5 ms (2 ms into MariaDB), so the poller does not share a GIL with the
-           source writer.  Each txrepl daemon's CPU seconds per 1,000 transactions
-           of the phase are reported beside it (``_cpu.py``); with
+           source writer; a phase starts once the poller's first query returned.
+           Each txrepl daemon's CPU seconds per 1,000 transactions of the phase
+           are reported beside it (``_cpu.py``); with
            ``TXREPL_BENCH_PROFILE=<path of py-spy>`` the paced phase also records the
            publisher (collapsed stacks in the results directory;
            ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both; the
