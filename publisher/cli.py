@@ -88,12 +88,15 @@ def register(sub: Any) -> None:
 def _run(args: argparse.Namespace) -> int:
     # Deferred, not a circle: the daemon pulls in the gRPC server, psycopg and the
     # capture packages, which the client subcommands of this CLI never need.
+    from common.trace import enable
     from publisher.config import load_config
     from publisher.daemon import run
     from publisher.errors import RegistryError, SourceError
 
+    cfg = load_config(args.config)
+    enable(cfg.trace_every, cfg.data_path)  # a diagnostic, off unless configured
     try:
-        run(load_config(args.config))
+        run(cfg)
     except (SourceError, RegistryError) as e:
         print(f"txrepl: publisher cannot start: {e}", file=sys.stderr)
         return 1

@@ -277,9 +277,14 @@ class PublisherConfig:
     auth: AuthConfig = dataclasses.field(default_factory=AuthConfig)
     subscriber: list[SubscriberGrant] = dataclasses.field(default_factory=list)
     config_dir: str = "."
+    # Debug (common/trace.py): trace the stages of every Nth seq into
+    # <data_dir>/trace.jsonl (at exit and on SIGUSR2); 0: off.
+    trace_every: int = 0
 
     def __post_init__(self) -> None:
         _check_name("server_name", self.server_name)
+        if self.trace_every < 0:
+            raise ValueError(f"trace_every must be 0 (off) or a positive N, not {self.trace_every}")
         if self.node:
             check_node(self.node)
         parse_address(self.listen, field="listen")

@@ -78,6 +78,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import structlog
 
+from common import trace as _trace
 from common.errors import overlong
 from common.feedstatus import (
     CUT_PREFIX,
@@ -418,7 +419,11 @@ class FeedManager:
                 size = sum(map(len, payloads))
                 feed.inflight.append((feed.last_sent, size))
                 feed.inflight_bytes += size
-                msg.batch.sent_us = int(time.time() * 1_000_000)  # the "receive" stage
+                tr = _trace.TRACE  # common/trace.py: a diagnostic, off by default
+                if tr is None:
+                    msg.batch.sent_us = int(time.time() * 1_000_000)  # the "receive" stage
+                else:
+                    msg.batch.sent_us = pub.traced_send(tr, msg.batch.first_seq, next_seq - 1)
                 if not await self._send(feed, context, msg):
                     return self._cut(
                         feed,
@@ -547,6 +552,8 @@ class FeedManager:
             head=pub.log.head,
         )
         self.registry.record_cut(pub.name, feed.subscriber, kind, reason)
+        if _trace.TRACE is not None:
+            _trace.TRACE.event("cut", subscriber=feed.subscriber, reason=reason)
         return Cut(kind, reason)
 
 

@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
+from common import trace as _trace
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
 from publisher.config import PublicationConfig
@@ -93,10 +94,13 @@ class Publication:
         if stages is None or not pending or pending[0][0] > head:
             return
         now = time.time()
+        tr = _trace.TRACE
         while pending and pending[0][0] <= head:
             seq, began = pending.popleft()
             stages.observe(self.name, "durable", now - began)
             self._durable.append((seq, now))
+            if tr is not None:
+                tr.mark(seq, "durable", int(now * 1_000_000))
 
     def sent(self, seq: int) -> None:
         """A feed wrote entry ``seq`` to its stream: its ``send`` stage, if still known."""
@@ -113,6 +117,19 @@ class Publication:
             at_seq, durable_at = kept[i]
         if at_seq == seq:
             stages.observe(self.name, "send", time.time() - durable_at)
+
+    def traced_send(self, trace: _trace.Trace, first: int, last: int) -> int:
+        """A feed is about to send seqs ``first..last`` (tracing on): settle their
+        ``durable`` first if the log's listener has not yet (it runs just after the
+        head moved: a feed may read the entries in between), then stamp and trace
+        ``sent``; returns the stamp (µs) for ``Batch.sent_us``."""
+        if self.stages is not None:
+            with self._stage_lock:
+                self._settle(min(last, self.log.head))
+        sent_us = int(time.time() * 1_000_000)
+        trace.span(first, last - first + 1, "sent", sent_us)
+        trace.event("sent", first=first, entries=last - first + 1)
+        return sent_us
 
     def _position_from_log(self) -> int:
         if self.log.head == 0 or self.log.head < self.log.first_seq:
@@ -219,6 +236,11 @@ class Publication:
                 t = stamp(t, began)
                 data.append(encoded(ops, position, t, origin, sq))
             seq = self.log.append(data, wait=False)
+            tr = _trace.TRACE
+            if tr is not None:
+                for i, item in enumerate(items):
+                    tr.mark(seq + i, "commit", item[2] or int(began * 1_000_000))
+                    tr.mark(seq + i, "appended", int(began * 1_000_000))
             return self._booked(seq, began, items[-1][1], t, None, count=len(data))
 
     def _encoded(
@@ -284,6 +306,10 @@ class Publication:
                 else:
                     self._appended_at.extend((seq + i, began) for i in range(count))
                 self._settle(self.log.head)  # an append that waited is durable already
+        tr = _trace.TRACE
+        if tr is not None and count == 1:
+            tr.mark(seq, "commit", commit_time_us)
+            tr.mark(seq, "appended", int(began * 1_000_000))
         if position is not None:
             self.position = position
         self.last_commit_time = commit_time_us / 1_000_000

@@ -63,10 +63,13 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from common.trace import enable
     from subscriber.config import load_config
     from subscriber.daemon import run
 
-    run(load_config(args.config))
+    cfg = load_config(args.config)
+    enable(cfg.trace_every, cfg.data_path)  # a diagnostic, off unless configured
+    run(cfg)
     return 0
 
 

@@ -279,8 +279,13 @@ class SubscriberConfig:
     auth: ControlAuthConfig = dataclasses.field(default_factory=ControlAuthConfig)
     config_dir: str = "."
     apply: ApplyConfig = dataclasses.field(default_factory=ApplyConfig)
+    # Debug (common/trace.py): trace the stages of every Nth seq into
+    # <data_dir>/trace.jsonl (at exit and on SIGUSR2); 0: off.
+    trace_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.trace_every < 0:
+            raise ValueError(f"trace_every must be 0 (off) or a positive N, not {self.trace_every}")
         if not _NAME.match(self.server_name):
             raise ValueError(f"server_name {self.server_name!r} is not a valid name")
         parse_address(self.control_listen, field="control_listen")

@@ -74,6 +74,7 @@ from collections.abc import Callable
 
 import structlog
 
+from common import trace as _trace
 from common.latency import StageLatency
 from subscriber.acks import DurableAcks
 from subscriber.apply import AnyEntry, Applier, ApplyResult, Planned, RawEntry
@@ -249,6 +250,9 @@ class ApplyPipeline:
         now = time.time()
         if self.stages is not None and entries:
             self._observe(entries, received_at, started, result, now)
+        if _trace.TRACE is not None and entries:  # common/trace.py, a diagnostic
+            write = result.seconds - (0.0 if result.planned_ahead else result.plan_seconds)
+            _trace.TRACE.applied(first_seq, len(entries), started, write, now)
         st.level = result.level
         st.applied_entries += len(entries)
         st.applied_rows += result.rows

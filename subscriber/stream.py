@@ -60,6 +60,7 @@ from typing import Any
 
 import grpc
 
+from common import trace as _trace
 from common.feedstatus import RefusalKind, refusal_kind
 from common.latency import StageLatency
 from common.rpc import txrepl_pb2 as pb
@@ -342,6 +343,10 @@ class FeedStream:
                     b = msg.batch
                     if stages is not None and b.sent_us:
                         stages.observe(state.name, "receive", time.time() - b.sent_us / 1e6)
+                    if _trace.TRACE is not None:  # common/trace.py, a diagnostic
+                        _trace.TRACE.span(
+                            b.first_seq, len(b.entries), "received", int(time.time() * 1e6)
+                        )
                     if b.first_seq != expected:
                         raise PermanentFeedError(
                             f"gap in the feed: got seq {b.first_seq}, expected {expected}"

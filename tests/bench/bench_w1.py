@@ -29,12 +29,16 @@ lag        the subscriber is running and in sync after transaction 0; transactio
            (``p99_ms_every100``) beside it.  Visibility is watched by a separate
            process polling ``SELECT max(id) FROM orders`` (a primary-key lookup) every
            0.5 ms (2 ms into MariaDB), so the poller does not share a GIL with the
-           source writer.  Each txrepl daemon's CPU seconds per 1,000 transactions
-           of the phase are reported beside it (``_cpu.py``); with
+           source writer; a phase starts once the poller's first query returned.
+           Each txrepl daemon's CPU seconds per 1,000 transactions of the phase
+           are reported beside it (``_cpu.py``); with
            ``TXREPL_BENCH_PROFILE=<path of py-spy>`` the paced phase also records the
            publisher (collapsed stacks in the results directory;
            ``TXREPL_BENCH_PROFILE_DAEMONS=publisher,subscriber`` records both; the
            cold measure is recorded too, from each daemon's launch to the final state).
+           With ``TXREPL_BENCH_TRACE=1`` both daemons trace every seq's stages
+           (common/trace.py) and the paced phase prints its worst markers leg by
+           leg, with what happened meanwhile (``_trace.py``; ``trace`` in the row).
 cold       both daemons down while the whole stream (T + 1 transactions) runs on the
            source; then the publisher starts, then the subscriber (txrepl only: the
            native publisher is the source cluster itself): seconds from the
@@ -81,6 +85,8 @@ from typing import Any
 
 from tests.bench._cpu import CpuMeter, py_spy
 from tests.bench._stages import StageScrape, format_stages, stage_quantiles
+from tests.bench._trace import ENV as TRACE_ENV
+from tests.bench._trace import phase_trace
 from tests.support.harness import Daemon, Pair, to_toml, wait_until
 from tests.support.workload import W1, Stmt, maria_param, sqlite_source, w1_checksum
 
@@ -353,8 +359,9 @@ def run_stream(
     return commits, len(txns) / elapsed if elapsed > 0 else 0.0
 
 
-def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> None:
-    """Child process: wall time at which each marker id becomes visible on the target."""
+def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any, ready: Any) -> None:
+    """Child process: wall time at which each marker id becomes visible on the target;
+    ``ready`` is set once its first query returned."""
     conn = None
     seen: dict[int, float] = {}
     pending = sorted(markers)
@@ -368,6 +375,7 @@ def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> N
                 continue
         top = target_scalar(conn, "SELECT max(id) FROM orders")
         now = time.time()
+        ready.set()
         while k < len(pending) and pending[k] <= top:
             seen[pending[k]] = now
             k += 1
@@ -382,12 +390,24 @@ def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any) -> N
 def visibility_poller(
     kind: str, where: str, markers: list[int]
 ) -> Iterator[Callable[[float], dict[int, float]]]:
-    """Start a poller process; yields ``collect(timeout)`` returning marker → visible time."""
+    """Start a poller process; once its first query returned, yields ``collect(timeout)``
+    returning marker → visible time.
+
+    Waiting for that query matters: a spawned child imports the bench again, which on
+    a loaded machine took up to 0.8 s, and every marker committed before its first
+    query was "seen" only then (2026-11-25: the bursts of the phases' first half
+    second, docs/performance.md).
+    """
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     stop = ctx.Event()
-    proc = ctx.Process(target=_poller, args=(kind, where, markers, out, stop), daemon=True)
+    ready = ctx.Event()
+    proc = ctx.Process(target=_poller, args=(kind, where, markers, out, stop, ready), daemon=True)
     proc.start()
+    if not ready.wait(120):
+        stop.set()
+        proc.kill()
+        raise RuntimeError("the visibility poller made no query in 120 s")
 
     def collect(timeout: float) -> dict[int, float]:
         deadline = time.monotonic() + timeout
@@ -1203,7 +1223,6 @@ def _lag_phase(
     spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
     spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
     with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
-        time.sleep(0.3)  # let the poller connect
         before = scraper.take()
         meter.start()
         started = time.time()
@@ -1217,6 +1236,9 @@ def _lag_phase(
             seen = collect(600)
         cpu = meter.stop()
         stages = stage_quantiles(before, scraper.take())
+    traced = {}
+    if os.environ.get("TXREPL_TRACE_EVERY") and rate is not None:  # tests/bench/_trace.py
+        traced = phase_trace(daemons, commits, seen, started, Path(f"{spy_to}-trace"))
     lags = [(commits[m] - started, (seen[m] - commits[m]) * 1000) for m in markers if m in seen]
     ms = [lag for _, lag in lags]
     old = [(seen[m] - commits[m]) * 1000 for m in markers if m in seen and m % OLD_MARK_EVERY == 0]
@@ -1234,6 +1256,7 @@ def _lag_phase(
         "stages": stages,
         # CPU seconds per 1,000 transactions of each daemon, over the phase
         "cpu_s_per_1000_txn": {k: round(v * 1000 / len(txns), 3) for k, v in cpu.items()},
+        **({"trace": traced} if traced else {}),
     }
 
 
@@ -1491,6 +1514,8 @@ def plot(
 
 def run(results_dir: Path) -> list[dict[str, Any]]:
     cfg = Settings.from_env()
+    if os.environ.get(TRACE_ENV):  # both daemons trace every seq (tests/bench/_trace.py)
+        os.environ["TXREPL_TRACE_EVERY"] = "1"
     with scrubbed_bench_env():
         return _run(cfg, results_dir)
 

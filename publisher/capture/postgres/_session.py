@@ -41,6 +41,7 @@ from typing import Any
 
 import structlog
 
+from common import trace as _trace
 from common.calls import BEGIN_PREFIX, END_PREFIX
 from common.constraints import for_publication
 from common.origin import node_of_pg_origin
@@ -216,6 +217,10 @@ class Session(Confirming):
             self._drain()  # nothing more to read now: what was read goes to the logs
             self._idle()
             poll(200)
+            if _trace.TRACE is not None:  # common/trace.py: when the capture woke
+                _trace.TRACE.event(
+                    "capture_woke", transactions=cap.transactions, mid=self.txn is not None
+                )
             backlog.nothing_read()
         self._drain()
         if self.txn is None:

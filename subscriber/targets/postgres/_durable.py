@@ -58,6 +58,8 @@ from typing import Any
 
 import psycopg
 
+from common import trace as _trace
+
 __all__ = ["LSN_SQL", "POLL_S", "Durable", "DurableLevels"]
 
 # After COMMIT, outside the transaction: the insert position (>= the commit record's
@@ -163,5 +165,7 @@ class DurableLevels:
             row = conn.execute(FLUSH_SQL).fetchone()
         except psycopg.Error:
             return  # the next batch sees the connection's failure and says so
+        if _trace.TRACE is not None:  # common/trace.py: the ack poller's round trip
+            _trace.TRACE.event("flush_poll", ms=round((time.monotonic() - now) * 1000, 3))
         if row is not None:
             durable.flushed(int(row[0]), now)

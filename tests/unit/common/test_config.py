@@ -67,6 +67,11 @@ def test_valid_configs_load_with_defaults_and_relative_paths(tmp_path: Path) -> 
         ),
         (PUB.replace('server_name = "pub1"', ""), "server_name", "required key is missing"),
         (
+            PUB.replace('server_name = "pub1"', 'server_name = "pub1"\ntrace_every = -1'),
+            "",
+            "trace_every must be 0 (off) or a positive N",
+        ),
+        (
             PUB.replace("sqlite:///src.db", "mariadb://root@127.0.0.1"),
             "source",
             "name the database",
