@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import start_http_server
 
+from common._serve_stop import stop_serving
 from common.config import parse_address
 from common.errors import ListenError
 
@@ -247,6 +248,6 @@ class MetricsServer:
 
     def stop(self) -> None:
         if self._httpd is not None:
-            self._httpd.shutdown()
+            stop_serving(self._httpd)  # not up to 0.5 s: common/_serve_stop.py
             self._httpd.server_close()
             self._httpd = None

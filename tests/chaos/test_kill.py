@@ -78,5 +78,5 @@ def test_random_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_many_sigkills_lose_and_duplicate_nothing(tmp_path: Path) -> None:
-    """190 publisher and 10 subscriber SIGKILLs mid-stream: target = source, every row once."""
+    """60 publisher and 4 subscriber SIGKILLs mid-stream: target = source, every row once."""
     _kill_run(tmp_path, publisher_kills=60, subscriber_kills=4, seed=12)

@@ -91,5 +91,5 @@ def test_drops_stalls_and_resets_converge(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_many_network_faults_converge(tmp_path: Path) -> None:
-    """Forty network faults mid-stream: the subscriber resumes each time and converges."""
+    """Twenty network faults mid-stream: the subscriber resumes each time and converges."""
     _proxy_run(tmp_path, faults=20, seed=22)
