@@ -27,12 +27,17 @@ demo: $(VENV)/.installed
 ## test: the whole suite (unit, integration, chaos; slow ones included), in
 ## TEST_WORKERS processes (pytest-xdist; each has its own PostgreSQL and Spark):
 ## the tests mostly wait on daemons, so two workers fit a 2-core machine.
+## At most 4 tests handed to a worker at a time (--maxschedchunk): by default xdist
+## refills a worker with up to a quarter of what is left, so at the end one worker ran
+## a long queue of its own for ~11 minutes while the other sat idle (docs/testing.md,
+## "Scheduling").
 TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --maxschedchunk 4
 test: $(VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "slow or not slow" --durations=25 tests
+	$(PY) -m pytest $(XDIST) -m "slow or not slow" --durations=25 tests
 
 test-fast: $(VENV)/.installed
-	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow" tests
+	$(PY) -m pytest $(XDIST) -m "not slow" tests
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check .
