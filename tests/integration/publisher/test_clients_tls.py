@@ -4,7 +4,6 @@ tokens read from files, all through the one client builder (common.security)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sqlite3
@@ -99,24 +98,38 @@ def test_publish_client_over_mutual_tls_with_a_token_file(secure: tuple[Pair, Ce
 
 
 async def _welcome(address: str, tls: ClientTls, token: str) -> pb.PublisherMessage:
-    """Open Sync through the daemon's channel builder, send a Hello; the first answer."""
-    channel = aio_channel_factory(tls, token=token)(address)
-    async with channel:
-        call = rpc.ReplicationStub(channel).Sync()
-        hello = pb.SubscriberMessage()
-        hello.hello.subscriber = "sub1"
-        hello.hello.publisher = "pub1"
-        hello.hello.publication = "shop"
-        # A refused call may end before the Hello goes out: the write then fails on
-        # our side and the read below raises the call's status.
-        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await call.write(hello)
-        try:
-            first = await asyncio.wait_for(call.read(), 10)
-            assert isinstance(first, pb.PublisherMessage)
-            return first
-        finally:
-            call.cancel()
+    """Open Sync through the daemon's channel builder, send a Hello; the first answer.
+
+    A refused call may end before the Hello goes out: the write then fails on our
+    side and the read raises the call's status.  But when the write's failure
+    reaches grpc before the server's status does, grpc records INTERNAL ("Internal
+    error from Core") as the call's status and the server's is lost; that race is
+    the client library's, so the call is made again (the subscriber's stream does the
+    same: INTERNAL is transient for it, subscriber/stream.py).
+    """
+    for _ in range(5):
+        channel = aio_channel_factory(tls, token=token)(address)
+        async with channel:
+            call = rpc.ReplicationStub(channel).Sync()
+            hello = pb.SubscriberMessage()
+            hello.hello.subscriber = "sub1"
+            hello.hello.publisher = "pub1"
+            hello.hello.publication = "shop"
+            written = True
+            try:
+                await call.write(hello)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                written = False
+            try:
+                first = await asyncio.wait_for(call.read(), 10)
+                assert isinstance(first, pb.PublisherMessage)
+                return first
+            except grpc.aio.AioRpcError as e:
+                if written or e.code() != grpc.StatusCode.INTERNAL:
+                    raise
+            finally:
+                call.cancel()
+    raise AssertionError("five calls in a row lost the server's status to the write race")
 
 
 async def test_sync_channel_over_mutual_tls_carries_the_token(
