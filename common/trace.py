@@ -57,6 +57,7 @@ __all__ = [
     "SUBSCRIBER_STAGES",
     "TRACE",
     "Trace",
+    "check_every",
     "enable",
     "load",
     "wall_offset",
@@ -151,6 +152,12 @@ class Trace:
 
 
 TRACE: Trace | None = None
+
+
+def check_every(every: int) -> None:
+    """A daemon config's ``trace_every``: 0 (off) or a positive N (ValueError)."""
+    if every < 0:
+        raise ValueError(f"trace_every must be 0 (off) or a positive N, not {every}")
 
 
 def enable(every: int, data_dir: Path) -> Trace | None:

@@ -56,6 +56,7 @@ from common.dburl import DatabaseUrl
 from common.names import parse_table
 from common.origin import check_node
 from common.security import ServerTls, check_hash, check_listen
+from common.trace import check_every
 
 __all__ = [
     "AuthConfig",
@@ -283,8 +284,7 @@ class PublisherConfig:
 
     def __post_init__(self) -> None:
         _check_name("server_name", self.server_name)
-        if self.trace_every < 0:
-            raise ValueError(f"trace_every must be 0 (off) or a positive N, not {self.trace_every}")
+        check_every(self.trace_every)
         if self.node:
             check_node(self.node)
         parse_address(self.listen, field="listen")

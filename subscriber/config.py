@@ -36,6 +36,7 @@ from common.config import load_toml, parse_address
 from common.dburl import DatabaseUrl
 from common.names import parse_table
 from common.security import ClientTls, ServerTls, check_hash, check_listen
+from common.trace import check_every
 from subscriber.conflictspec import parse_resolver
 from subscriber.schedule import Schedule
 
@@ -284,8 +285,7 @@ class SubscriberConfig:
     trace_every: int = 0
 
     def __post_init__(self) -> None:
-        if self.trace_every < 0:
-            raise ValueError(f"trace_every must be 0 (off) or a positive N, not {self.trace_every}")
+        check_every(self.trace_every)
         if not _NAME.match(self.server_name):
             raise ValueError(f"server_name {self.server_name!r} is not a valid name")
         parse_address(self.control_listen, field="control_listen")

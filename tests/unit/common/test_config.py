@@ -136,6 +136,13 @@ def test_backoff_section_loads_into_the_shared_backoff_value(tmp_path: Path) -> 
         load_subscriber(_write(tmp_path, bad))
 
 
+def test_subscriber_refuses_a_negative_trace_every(tmp_path: Path) -> None:
+    """The subscriber's trace_every is checked as the publisher's (common.trace)."""
+    bad = "trace_every = -1\n" + SUB
+    with pytest.raises(ConfigError, match=r"trace_every must be 0 \(off\) or a positive N"):
+        load_subscriber(_write(tmp_path, bad))
+
+
 def test_daemon_refuses_bad_config_at_start(tmp_path: Path) -> None:
     """`txrepl publisher run` with an unknown key exits 2 naming the file and the key."""
     path = _write(tmp_path, "bogus = 1\n" + PUB)
