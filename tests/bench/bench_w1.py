@@ -83,6 +83,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.bench._budget import Budget, describe
 from tests.bench._cpu import CpuMeter, py_spy
 from tests.bench._stages import StageScrape, format_stages, stage_quantiles
 from tests.bench._trace import ENV as TRACE_ENV
@@ -389,9 +390,9 @@ def _poller(kind: str, where: str, markers: list[int], out: Any, stop: Any, read
 @contextlib.contextmanager
 def visibility_poller(
     kind: str, where: str, markers: list[int]
-) -> Iterator[Callable[[float], dict[int, float]]]:
+) -> Iterator[tuple[Callable[[float], dict[int, float]], int]]:
     """Start a poller process; once its first query returned, yields ``collect(timeout)``
-    returning marker → visible time.
+    returning marker → visible time, and the poller's pid (its CPU: ``_budget.py``).
 
     Waiting for that query matters: a spawned child imports the bench again, which on
     a loaded machine took up to 0.8 s, and every marker committed before its first
@@ -421,7 +422,8 @@ def visibility_poller(
             return {}
 
     try:
-        yield collect
+        assert proc.pid is not None
+        yield collect, proc.pid
     finally:
         stop.set()
         proc.join(10)
@@ -537,6 +539,10 @@ class Rig:
     def server_cpu(self) -> dict[str, float]:
         """CPU seconds so far of the database server processes working for the daemons
         (PostgreSQL: the source's walsender, the target's subscriber backends)."""
+        return {}
+
+    def server_groups(self) -> dict[str, list[int]]:
+        """The database servers' processes by what they do (``_budget.pg_groups``)."""
         return {}
 
     def stop_publisher(self) -> bool:
@@ -678,9 +684,21 @@ class TxreplMaria(TxreplSqlite):
         return Source("sqlite", self.src)
 
 
+def _pg_server_groups(rig: Any) -> dict[str, list[int]]:
+    from tests.bench._budget import pg_groups
+
+    return {
+        **pg_groups(rig.src_server.dsn(), "source"),
+        **pg_groups(rig.dst_server.dsn(), "target"),
+    }
+
+
 class PgNative(Rig):
     name = "pg native"
     target_kind = "pg"
+
+    def server_groups(self) -> dict[str, list[int]]:
+        return _pg_server_groups(self)
 
     def __init__(self, src_server: Any, dst_server: Any) -> None:
         self.src_server = src_server
@@ -879,6 +897,9 @@ class TxreplPg(Rig):
 
     def daemons(self) -> dict[str, Daemon]:
         return _running(self.pub, self.sub)
+
+    def server_groups(self) -> dict[str, list[int]]:
+        return _pg_server_groups(self)
 
     def server_cpu(self) -> dict[str, float]:
         import psycopg
@@ -1222,8 +1243,17 @@ def _lag_phase(
     meter = CpuMeter({kind: d.proc.pid for kind, d in daemons.items() if d.proc is not None})
     spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
     spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
-    with visibility_poller(rig.target_kind, rig.target_where, markers) as collect:
+    with visibility_poller(rig.target_kind, rig.target_where, markers) as (collect, poller):
         before = scraper.take()
+        budget = Budget(
+            {
+                **{k: [d.proc.pid] for k, d in daemons.items() if d.proc is not None},
+                "bench writer": [os.getpid()],
+                "bench poller": [poller],
+                **rig.server_groups(),
+            }
+        )
+        budget.start()
         meter.start()
         started = time.time()
         with contextlib.ExitStack() as spies:
@@ -1233,6 +1263,7 @@ def _lag_phase(
                 to = Path(f"{spy_to}-{kind}.txt")
                 spies.enter_context(py_spy(binary, daemon.proc.pid, to))
             commits, achieved = run_stream(source, txns, first_id, rate)
+            machine = budget.stop()  # before collect() ends the poller and its backend
             seen = collect(600)
         cpu = meter.stop()
         stages = stage_quantiles(before, scraper.take())
@@ -1256,6 +1287,8 @@ def _lag_phase(
         "stages": stages,
         # CPU seconds per 1,000 transactions of each daemon, over the phase
         "cpu_s_per_1000_txn": {k: round(v * 1000 / len(txns), 3) for k, v in cpu.items()},
+        # the machine's busy cores over the phase and who kept them busy (_budget.py)
+        **({"machine": machine} if machine else {}),
         **({"trace": traced} if traced else {}),
     }
 
@@ -1593,6 +1626,9 @@ def _run(cfg: Settings, results_dir: Path) -> list[dict[str, Any]]:
                         + ", ".join(f"{k} {v}" for k, v in row["cpu_s_per_1000_txn"].items())
                         if row.get("cpu_s_per_1000_txn")
                         else ""
+                    )
+                    + (
+                        f"\n    {describe(row['machine'], cfg.lag_t)}" if row.get("machine") else ""
                     ),
                     flush=True,
                 )
