@@ -697,15 +697,15 @@ class PgNative(Rig):
     name = "pg native"
     target_kind = "pg"
 
-    def server_groups(self) -> dict[str, list[int]]:
-        return _pg_server_groups(self)
-
     def __init__(self, src_server: Any, dst_server: Any) -> None:
         self.src_server = src_server
         self.dst_server = dst_server
         self.rep: Any = None
         self.conn: Any = None
         self.dbs: tuple[str, str] = ("", "")
+
+    def server_groups(self) -> dict[str, list[int]]:
+        return _pg_server_groups(self)
 
     def setup(self, run: int) -> Source:
         from tests.bench._pg import libpq_conninfo, native_subscribe, pg_source
@@ -1240,6 +1240,8 @@ def _lag_phase(
     markers = [i for i in range(first_id, first_id + len(txns)) if i % MARK_EVERY == 0]
     scraper = StageScrape(rig.metrics())
     daemons = rig.daemons()
+    from tests.support.rss import children
+
     meter = CpuMeter({kind: d.proc.pid for kind, d in daemons.items() if d.proc is not None})
     spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
     spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
@@ -1247,7 +1249,12 @@ def _lag_phase(
         before = scraper.take()
         budget = Budget(
             {
-                **{k: [d.proc.pid] for k, d in daemons.items() if d.proc is not None},
+                # a daemon with its children (a subscriber's JVM)
+                **{
+                    k: [d.proc.pid, *children(d.proc.pid)]
+                    for k, d in daemons.items()
+                    if d.proc is not None
+                },
                 "bench writer": [os.getpid()],
                 "bench poller": [poller],
                 **rig.server_groups(),
