@@ -12,11 +12,12 @@ processes' CPU (``utime + stime`` from ``/proc/<pid>/stat``, all threads).
 ``busy_cores`` is the cores minus the idle time over the phase's wall time (2.0: both
 cores never idle); a group's ``cpu_s`` is its seconds over the phase.  Busy is
 counted as "not idle" rather than as the sum of the busy jiffies because on this VM
-those lose time under load: over 2 s of W1's paced phase the busy and idle jiffies
-added up to 338-350 of the 400 the two cores had (2026-11-25, steal reported 0), the
-rest being time the host did not run the VM's CPUs, which its tasks could not use
-either.  What no group names (the kernel's threads, that lost time, other users of
-the machine) is the difference between ``busy_cores`` and the groups' sum.
+those are sampled by a tick that misses beats under load: over 2 s of W1's paced
+phase the busy and idle jiffies added up to 338-350 of the 400 the two cores had
+(2026-11-25, steal reported 0), while the processes' own CPU (which the kernel keeps
+exactly) added up to within 0.04-0.07 cores of "not idle".  What no group names (the
+kernel's threads, other users of the machine) is the difference between
+``busy_cores`` and the groups' sum.
 
 A PostgreSQL cluster's processes are grouped by ``pg_stat_activity`` at the phase's
 start (:func:`pg_groups`): its walsenders, logical replication workers (native's
