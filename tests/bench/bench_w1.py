@@ -536,14 +536,25 @@ class Rig:
         from its launch (JVM included) to ``in_sync``."""
         return None
 
-    def server_cpu(self) -> dict[str, float]:
-        """CPU seconds so far of the database server processes working for the daemons
-        (PostgreSQL: the source's walsender, the target's subscriber backends)."""
-        return {}
-
     def server_groups(self) -> dict[str, list[int]]:
         """The database servers' processes by what they do (``_budget.pg_groups``)."""
         return {}
+
+    def server_cpu(self) -> dict[str, float]:
+        """CPU seconds so far of the database server processes working for the daemons
+        (PostgreSQL: the source's walsender, the target's subscriber backends), of
+        those :meth:`server_groups` finds."""
+        from tests.bench._cpu import process_cpu_s
+
+        groups = self.server_groups()
+        return {
+            key: round(sum(process_cpu_s(pid) or 0.0 for pid in groups[group]), 3)
+            for key, group in (
+                ("walsender", "source walsender"),
+                ("target_backends", "target txrepl backends"),
+            )
+            if group in groups
+        }
 
     def stop_publisher(self) -> bool:
         """Stop the publisher (False: this rig has none to stop, no ``cold`` measure)."""
@@ -901,22 +912,6 @@ class TxreplPg(Rig):
     def server_groups(self) -> dict[str, list[int]]:
         return _pg_server_groups(self)
 
-    def server_cpu(self) -> dict[str, float]:
-        import psycopg
-
-        from tests.bench._cpu import process_cpu_s
-
-        out: dict[str, float] = {}
-        for key, server, query in (
-            ("walsender", self.src_server, "backend_type = 'walsender'"),
-            ("target_backends", self.dst_server, "application_name = 'txrepl-subscriber'"),
-        ):
-            with psycopg.connect(server.dsn(), autocommit=True) as conn:
-                rows = conn.execute(f"SELECT pid FROM pg_stat_activity WHERE {query}")
-                pids = [r[0] for r in rows]
-            out[key] = round(sum(process_cpu_s(pid) or 0.0 for pid in pids), 3)
-        return out
-
     def in_sync_s(self) -> float | None:
         from tests.support.harness import subscription_status
 
@@ -1237,11 +1232,11 @@ def _lag_phase(
     first_id: int,
     rate: int | None,
 ) -> dict[str, Any]:
+    from tests.support.rss import children
+
     markers = [i for i in range(first_id, first_id + len(txns)) if i % MARK_EVERY == 0]
     scraper = StageScrape(rig.metrics())
     daemons = rig.daemons()
-    from tests.support.rss import children
-
     meter = CpuMeter({kind: d.proc.pid for kind, d in daemons.items() if d.proc is not None})
     spied = {k: d for k, d in daemons.items() if k in PROFILE.daemons and d.proc is not None}
     spy_to = PROFILE.out / f"pyspy-{rig.name.replace(' ', '_')}-{rate or 'full'}-{first_id}"
