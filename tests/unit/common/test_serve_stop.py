@@ -18,6 +18,14 @@ class _Echo(socketserver.BaseRequestHandler):
         pass
 
 
+def _assert_refused(host: str, port: int, what: str) -> None:
+    try:
+        socket.create_connection((host, port), timeout=5).close()
+    except OSError:
+        return
+    raise AssertionError(f"{what} still accepts connections")
+
+
 def test_a_loop_polling_once_an_hour_stops_when_asked() -> None:
     """With a poll timeout of an hour, stop_serving() still returns, and the loop has
     ended: a plain shutdown() would wait for the hour (the daemons' metrics endpoint
@@ -34,12 +42,7 @@ def test_a_loop_polling_once_an_hour_stops_when_asked() -> None:
     assert not loop.is_alive()
     server.server_close()
     host, port = server.server_address[:2]
-    try:
-        socket.create_connection((str(host), int(port)), timeout=5).close()
-    except OSError:
-        pass
-    else:
-        raise AssertionError("the stopped endpoint still accepts connections")
+    _assert_refused(str(host), int(port), "the stopped endpoint")
 
 
 def test_the_metrics_endpoint_serves_until_stopped_and_refuses_after() -> None:
@@ -52,9 +55,4 @@ def test_the_metrics_endpoint_serves_until_stopped_and_refuses_after() -> None:
         assert "txrepl_test_events_total 3.0" in resp.read().decode()
     server.stop()
     host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=5).close()
-    except OSError:
-        pass
-    else:
-        raise AssertionError("the stopped metrics endpoint still accepts connections")
+    _assert_refused(host, int(port), "the stopped metrics endpoint")
